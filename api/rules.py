@@ -1,0 +1,138 @@
+"""Cross-field rules of an RLJob spec: what no single field can check on its own.
+
+Each rule is a pure function of a field-valid model that yields `(path, message)` pairs, the
+path relative to that model in YAML (camelCase) names. A rule hangs on the smallest model
+that holds all it reads (`AlgorithmSpec`, `ResourcesSpec`, ... or the whole `RLJobSpec`), so a
+mistake in one section never hides a broken rule in another. `raise_rule_problems` runs a
+model's rules together: a manifest with several mistakes hears about every one.
+"""
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pydantic_core import PydanticCustomError
+
+from kuberl.api.enums import ELASTIC_ROLES, GROUP_ESTIMATORS, AdvantageEstimator, Role, RolloutMode
+
+if TYPE_CHECKING:
+    from kuberl.api.algorithm import AlgorithmSpec
+    from kuberl.api.resources import ResourcesSpec
+    from kuberl.api.spec import CheckpointSpec, RLJobSpec, RolloutSpec
+
+RuleProblem = tuple[tuple[str | int, ...], str]
+Rule = Callable[[Any], Iterator[RuleProblem]]
+#: The error type that carries rule problems through pydantic; `kuberl.api.manifest` unpacks it.
+RULES_ERROR_TYPE = "rljob_rules"
+
+
+def gae_needs_a_critic(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    if spec.algorithm.advantage_estimator == AdvantageEstimator.GAE and spec.models.critic is None:
+        yield (
+            ("models", "critic"),
+            ("advantageEstimator gae (PPO) needs a critic; add models.critic, or pick an estimator without one (grpo)"),
+        )
+
+
+def group_estimators_need_groups(algorithm: "AlgorithmSpec") -> Iterator[RuleProblem]:
+    estimator = algorithm.advantage_estimator
+    if estimator in GROUP_ESTIMATORS and (algorithm.group_size or 1) < 2:
+        yield (
+            ("groupSize",),
+            (f"advantageEstimator {estimator} compares responses to the same prompt and needs groupSize >= 2"),
+        )
+
+
+def critic_pool_needs_a_critic(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    if spec.resources.critic is not None and spec.models.critic is None:
+        yield ("resources", "critic"), "a critic pool without models.critic; remove it or add the critic model"
+
+
+def colocated_rollout_uses_the_actor_pool(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    if spec.rollout.mode == RolloutMode.COLOCATED and spec.resources.rollout is not None:
+        yield (
+            ("resources", "rollout"),
+            ("a colocated rollout runs in the actor's pool; remove resources.rollout or set rollout.mode: separate"),
+        )
+    if spec.rollout.mode == RolloutMode.SEPARATE and spec.resources.rollout is None:
+        yield ("resources", "rollout"), "rollout.mode: separate needs a pool of its own in resources.rollout"
+
+
+def replicas_within_bounds(resources: "ResourcesSpec") -> Iterator[RuleProblem]:
+    for role in Role:
+        pool = getattr(resources, role.value)
+        if pool is None:
+            continue
+        low, high = pool.min_replicas, pool.max_replicas
+        if low is not None and high is not None and low > high:
+            yield (role.value, "minReplicas"), f"minReplicas ({low}) is above maxReplicas ({high})"
+        elif low is not None and pool.replicas < low:
+            yield (role.value, "replicas"), f"replicas ({pool.replicas}) is below minReplicas ({low})"
+        elif high is not None and pool.replicas > high:
+            yield (role.value, "replicas"), f"replicas ({pool.replicas}) is above maxReplicas ({high})"
+        if pool.is_elastic and role not in ELASTIC_ROLES:
+            yield (
+                (role.value, "maxReplicas"),
+                (
+                    f"the {role.value} pool cannot scale at run time (only reward and a separate rollout can); "
+                    "set minReplicas = maxReplicas = replicas"
+                ),
+            )
+
+
+def tensor_parallel_fits_the_pool(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    tp = spec.rollout.tensor_parallel_size
+    if tp == 1:
+        return
+    pool = spec.resources.rollout if spec.rollout.mode == RolloutMode.SEPARATE else None
+    pool = pool or spec.resources.actor
+    if pool.gpus < tp:
+        yield (
+            ("rollout", "tensorParallelSize"),
+            (f"tensor parallel {tp} needs at least {tp} GPUs per replica, the rollout's pool has {pool.gpus}"),
+        )
+
+
+def mini_batch_divides_batch(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    mini = spec.algorithm.mini_batch_size
+    if mini is not None and spec.data.batch_size % mini != 0:
+        yield (
+            ("algorithm", "miniBatchSize"),
+            (f"miniBatchSize ({mini}) must divide data.batchSize ({spec.data.batch_size})"),
+        )
+
+
+def checkpoint_storage_is_one_place(ckpt: "CheckpointSpec") -> Iterator[RuleProblem]:
+    if ckpt.pvc_claim_name and ckpt.uri and "://" in ckpt.uri and not ckpt.uri.startswith("file://"):
+        yield ("uri",), "pvcClaimName and an object-store uri are two places; choose one"
+    if ckpt.interval_steps is None and ckpt.interval_minutes is None and not ckpt.save_on_preemption:
+        yield (
+            ("intervalSteps",),
+            ("with no intervalSteps, no intervalMinutes and saveOnPreemption false the job never saves"),
+        )
+
+
+def engine_logprobs_need_sampling_at_temperature(rollout: "RolloutSpec") -> Iterator[RuleProblem]:
+    if rollout.use_engine_logprobs and rollout.temperature == 0:
+        yield ("useEngineLogprobs",), "greedy decoding (temperature 0) has no behaviour log-probs to use"
+
+
+ALGORITHM_RULES: tuple[Rule, ...] = (group_estimators_need_groups,)
+RESOURCES_RULES: tuple[Rule, ...] = (replicas_within_bounds,)
+ROLLOUT_RULES: tuple[Rule, ...] = (engine_logprobs_need_sampling_at_temperature,)
+CHECKPOINT_RULES: tuple[Rule, ...] = (checkpoint_storage_is_one_place,)
+#: Rules that read more than one section of the spec.
+SPEC_RULES: tuple[Rule, ...] = (
+    gae_needs_a_critic,
+    critic_pool_needs_a_critic,
+    colocated_rollout_uses_the_actor_pool,
+    tensor_parallel_fits_the_pool,
+    mini_batch_divides_batch,
+)
+
+
+def raise_rule_problems(model: Any, rules: tuple[Rule, ...]) -> None:
+    """Run `rules` on a field-valid model; raise every problem found as one pydantic error."""
+    problems = [problem for rule in rules for problem in rule(model)]
+    if problems:
+        summary = "; ".join(".".join(map(str, path)) + ": " + message for path, message in problems)
+        raise PydanticCustomError(RULES_ERROR_TYPE, "{summary}", {"summary": summary, "problems": problems})

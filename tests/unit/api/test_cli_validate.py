@@ -1,0 +1,125 @@
+"""`kuberl validate` and `kuberl explain` as a user runs them: files in, messages and exit codes out."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kuberl.cli import main
+from tests.conftest import REPO
+
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+THREE_MISTAKES = """\
+apiVersion: kuberl.io/v1alpha1
+kind: RLJob
+metadata:
+  name: three-mistakes
+spec:
+  algorithm:
+    name: grpo
+    groupSize: 1            # mistake 1: GRPO needs groups
+  models:
+    actor:
+      path: /models/actor
+      dtype: float8         # mistake 2: no such dtype
+  reward:
+    function: math_exact
+  data:
+    train: /data/train.jsonl
+  resources:
+    reward:
+      replicas: 9
+      maxReplicas: 4        # mistake 3: replicas above the maximum
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_examples_exist_for_each_documented_scenario():
+    names = {path.stem for path in EXAMPLES}
+    assert {"tiny-grpo", "grpo-7b-vllm", "ppo-critic", "separate-rollout-elastic-reward"} <= names
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[path.name for path in EXAMPLES])
+def test_every_example_is_valid(example, capsys):
+    assert main(["validate", str(example)]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+def test_three_mistakes_give_three_field_messages_and_exit_1(tmp_path, capsys):
+    path = write(tmp_path, "bad.yaml", THREE_MISTAKES)
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "3 problem(s)" in err
+    for field in ("spec.algorithm.groupSize", "spec.models.actor.dtype", "spec.resources.reward.replicas"):
+        assert f"- {field}: " in err
+
+
+@pytest.mark.parametrize(
+    ("text", "phrase"),
+    [
+        ("", "holds no YAML document"),
+        ("# only a comment\n", "holds no YAML document"),
+        ("spec: [unclosed\n", "not valid YAML: line 2"),
+        ("a: 1\na: 2\n", "duplicate key 'a'"),
+        ("- just\n- a list\n", "expected an RLJob mapping, found a list"),
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "kind: must be RLJob, found 'ConfigMap'"),
+    ],
+    ids=["empty", "comment only", "not yaml", "duplicate key", "list", "wrong kind"],
+)
+def test_unusable_files_are_reported_not_raised(tmp_path, capsys, text, phrase):
+    path = write(tmp_path, "job.yaml", text)
+    assert main(["validate", str(path)]) == 1
+    assert phrase in capsys.readouterr().err
+
+
+def test_missing_file_and_directory_are_reported(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "nope.yaml"), str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "nope.yaml: 1 problem(s)" in err and "no such file" in err
+    assert "is a directory" in err
+
+
+def test_each_document_of_a_multi_document_file_is_checked(tmp_path, capsys):
+    good = (REPO / "examples" / "tiny-grpo.yaml").read_text()
+    path = write(tmp_path, "two.yaml", good + "\n---\n" + THREE_MISTAKES)
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "(document 2): 3 problem(s)" in err
+    assert "(document 1)" not in err
+
+
+def test_console_script_exit_code(tmp_path):
+    path = write(tmp_path, "bad.yaml", THREE_MISTAKES)
+    kuberl = Path(sys.executable).parent / "kuberl"
+    result = subprocess.run([str(kuberl), "validate", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 1
+    assert "spec.models.actor.dtype" in result.stderr
+
+
+def test_explain_prints_type_values_default_and_description(capsys):
+    assert main(["explain", "spec.rollout.engine"]) == 0
+    out = capsys.readouterr().out
+    assert "TYPE:     string" in out
+    assert "VALUES:   vllm, hf" in out
+    assert "DEFAULT:  vllm" in out
+    assert "Hugging Face" in out
+
+
+def test_explain_an_object_lists_its_fields(capsys):
+    assert main(["explain", "spec.resources.actor"]) == 0
+    out = capsys.readouterr().out
+    for field in ("replicas", "minReplicas", "gpus", "tolerations", "podTemplate"):
+        assert f"  {field} " in out
+
+
+def test_explain_unknown_field_names_the_known_ones(capsys):
+    assert main(["explain", "spec.algorithm.grupSize"]) == 1
+    err = capsys.readouterr().err
+    assert "no such field" in err and "groupSize" in err

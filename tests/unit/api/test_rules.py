@@ -1,0 +1,141 @@
+"""Cross-field rules, one behaviour each: the spec that breaks the rule, and the field path blamed."""
+
+import copy
+
+import pytest
+
+from kuberl.api import ManifestError, parse_rljob
+
+BASE = {
+    "apiVersion": "kuberl.io/v1alpha1",
+    "kind": "RLJob",
+    "metadata": {"name": "rules"},
+    "spec": {
+        "models": {"actor": {"path": "/m"}},
+        "data": {"train": "/d.jsonl", "batchSize": 8},
+        "reward": {"function": "math_exact"},
+    },
+}
+
+
+def spec_with(changes: dict) -> dict:
+    manifest = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        node = manifest["spec"]
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return manifest
+
+
+# (case, changes that break exactly one rule, the path blamed, a phrase of the message)
+BROKEN = [
+    ("gae without critic", {"algorithm.name": "ppo"}, "spec.models.critic", "needs a critic"),
+    ("grpo with one sample", {"algorithm.groupSize": 1}, "spec.algorithm.groupSize", "groupSize >= 2"),
+    ("rloo with one sample", {"algorithm.name": "rloo", "algorithm.groupSize": 1}, "spec.algorithm.groupSize", ">= 2"),
+    (
+        "colocated with a rollout pool",
+        {"resources.rollout": {"replicas": 1}},
+        "spec.resources.rollout",
+        "actor's pool",
+    ),
+    ("separate without a pool", {"rollout.mode": "separate"}, "spec.resources.rollout", "pool of its own"),
+    (
+        "replicas above max",
+        {"resources.reward": {"replicas": 5, "maxReplicas": 4}},
+        "spec.resources.reward.replicas",
+        "above maxReplicas",
+    ),
+    (
+        "replicas below min",
+        {"resources.reward": {"replicas": 1, "minReplicas": 2, "maxReplicas": 4}},
+        "spec.resources.reward.replicas",
+        "below minReplicas",
+    ),
+    (
+        "min above max",
+        {"resources.reward": {"replicas": 3, "minReplicas": 5, "maxReplicas": 4}},
+        "spec.resources.reward.minReplicas",
+        "above maxReplicas",
+    ),
+    (
+        "elastic actor",
+        {"resources.actor": {"replicas": 2, "minReplicas": 1, "maxReplicas": 4}},
+        "spec.resources.actor.maxReplicas",
+        "cannot scale",
+    ),
+    (
+        "tensor parallel beyond the GPUs",
+        {"rollout.tensorParallelSize": 4, "resources.actor": {"gpus": 2}},
+        "spec.rollout.tensorParallelSize",
+        "at least 4 GPUs",
+    ),
+    (
+        "tensor parallel beyond a separate pool's GPUs",
+        {
+            "rollout.mode": "separate",
+            "rollout.tensorParallelSize": 4,
+            "resources.actor": {"gpus": 8},
+            "resources.rollout": {"gpus": 2},
+        },
+        "spec.rollout.tensorParallelSize",
+        "has 2",
+    ),
+    ("reward with two kinds", {"reward.model": {"path": "/rm"}}, "spec.reward", "exactly one"),
+    ("reward with no kind", {"reward": {"batchSize": 4}}, "spec.reward", "found: none"),
+    ("critic pool, no critic", {"resources.critic": {"gpus": 1}}, "spec.resources.critic", "without models.critic"),
+    ("mini-batch not a divisor", {"algorithm.miniBatchSize": 3}, "spec.algorithm.miniBatchSize", "must divide"),
+    (
+        "checkpoint in two places",
+        {"checkpoint.pvcClaimName": "ckpt", "checkpoint.uri": "s3://b/p"},
+        "spec.checkpoint.uri",
+        "choose one",
+    ),
+    (
+        "checkpoint never written",
+        {"checkpoint.intervalSteps": None, "checkpoint.savOnPreemption": None},
+        "spec.checkpoint.savOnPreemption",
+        "unknown field",
+    ),
+    (
+        "checkpoint never written (really)",
+        {"checkpoint.intervalSteps": None, "checkpoint.saveOnPreemption": False},
+        "spec.checkpoint.intervalSteps",
+        "never saves",
+    ),
+    (
+        "engine log-probs with greedy decoding",
+        {"rollout.useEngineLogprobs": True, "rollout.temperature": 0},
+        "spec.rollout.useEngineLogprobs",
+        "greedy",
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "path", "phrase"), [case[1:] for case in BROKEN], ids=[c[0] for c in BROKEN])
+def test_broken_rule_is_blamed_on_its_field(changes, path, phrase):
+    with pytest.raises(ManifestError) as caught:
+        parse_rljob(spec_with(changes))
+    problems = {problem.path: problem.message for problem in caught.value.problems}
+    assert list(problems) == [path]
+    assert phrase in problems[path]
+
+
+# The nearest valid neighbours of the cases above: the rule must not fire on them.
+VALID = [
+    ("ppo with critic", {"algorithm.name": "ppo", "models.critic": {}}),
+    ("reinforce++ with one sample", {"algorithm.name": "reinforce_pp"}),
+    ("separate with a pool", {"rollout.mode": "separate", "resources.rollout": {"replicas": 2}}),
+    ("elastic reward", {"resources.reward": {"replicas": 2, "minReplicas": 1, "maxReplicas": 8}}),
+    ("elastic reward at zero", {"resources.reward": {"replicas": 1, "minReplicas": 0, "maxReplicas": 8}}),
+    ("tensor parallel within the GPUs", {"rollout.tensorParallelSize": 2, "resources.actor": {"gpus": 2}}),
+    ("mini-batch divisor", {"algorithm.miniBatchSize": 4}),
+    ("pvc with a path inside it", {"checkpoint.pvcClaimName": "ckpt", "checkpoint.uri": "/checkpoints/run1"}),
+    ("only preemption saves", {"checkpoint.intervalSteps": None}),
+]
+
+
+@pytest.mark.parametrize("changes", [case[1] for case in VALID], ids=[c[0] for c in VALID])
+def test_valid_neighbour_passes(changes):
+    parse_rljob(spec_with(changes))
