@@ -1,0 +1,30 @@
+"""The algorithm library: advantage estimators, policy/value losses, KL estimators and loss aggregation.
+
+Pure torch functions, looked up by name in the registries of `registry.py`. Importing this package
+imports every module that registers, so the registries are complete after
+`import kuberl.runtime.algorithms`.
+"""
+
+from kuberl.runtime.algorithms import advantages, kl, losses, masked, registry
+from kuberl.runtime.algorithms.registry import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    Registry,
+    UnknownNameError,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
+    "Registry",
+    "UnknownNameError",
+    "advantages",
+    "kl",
+    "losses",
+    "masked",
+    "registry",
+]

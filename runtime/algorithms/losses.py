@@ -1,0 +1,196 @@
+"""Actor and critic losses, and the one function that turns token losses into a scalar.
+
+Loss aggregation (`spec.algorithm.lossAggregation`) lives in `aggregate_loss` alone, so every
+loss is invariant to how the batch is sharded. Each data-parallel rank (and each micro-batch of
+gradient accumulation) passes the counts of the whole mini-batch as `global_tokens` /
+`global_seqs`; the aggregates of the shards then *sum* to the aggregate of the unsharded batch.
+The caller therefore sums micro-batch losses (no division by their number), and, since FSDP's
+gradient all-reduce averages over ranks, multiplies the loss by the world size before backward.
+
+Modes (T valid tokens, S sequences with at least one valid token, L = max_response_length):
+- token_mean: sum(loss) / T (DAPO).
+- seq_mean_token_mean: sum_i(mean_t loss_i) / S (GRPO's original; a sequence's length is clamped to >= 1).
+- seq_mean_token_sum: sum_i(sum_t loss_i) / S.
+- seq_mean_token_sum_norm: sum(loss) / (S * L) (Dr. GRPO: a constant normaliser, no length bias).
+  Departure from verl, which divides by the padded width R only: Dr. GRPO's reference code divides
+  each sequence's sum by the generation budget and averages over sequences, which is S * L.
+
+The PPO clip loss follows verl's `compute_policy_loss` (with dual clip, Ye et al., arXiv 1912.09729);
+the value loss follows its `compute_value_loss`.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kuberl.runtime.algorithms.masked import masked_mean
+from kuberl.runtime.algorithms.registry import LOSS_AGGREGATIONS, POLICY_LOSSES
+
+#: Log-ratios are clamped before exp so one wild token cannot overflow the ratio (as verl does).
+LOG_RATIO_BOUND = 20.0
+
+
+@dataclass(frozen=True)
+class LossNormalizers:
+    """The denominators of an aggregation: local counts, or the whole mini-batch's when given."""
+
+    tokens: Tensor | float  # T: valid tokens
+    seqs: Tensor | float  # S: sequences with at least one valid token
+    max_response_length: int | None  # L: the generation budget (seq_mean_token_sum_norm only)
+
+
+AggregationFn = Callable[[Tensor, Tensor, LossNormalizers], Tensor]  # (loss (N, R) 0 on padding, valid (N, R)) -> ()
+PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+
+
+def count_tokens_and_sequences(mask: Tensor) -> tuple[int, int]:
+    """(T, S) of a batch as `aggregate_loss` counts them; pass the whole mini-batch's as global counts."""
+    valid = mask.bool()  # (N, R)
+    return int(valid.sum()), int(valid.any(-1).sum())
+
+
+@LOSS_AGGREGATIONS.register("token_mean")
+def token_mean(loss: Tensor, valid: Tensor, norm: LossNormalizers) -> Tensor:
+    return loss.sum() / norm.tokens  # ()
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_mean")
+def seq_mean_token_mean(loss: Tensor, valid: Tensor, norm: LossNormalizers) -> Tensor:
+    lengths = valid.sum(-1).clamp(min=1)  # (N,)
+    return (loss.sum(-1) / lengths).sum() / norm.seqs  # ()
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_sum")
+def seq_mean_token_sum(loss: Tensor, valid: Tensor, norm: LossNormalizers) -> Tensor:
+    return loss.sum() / norm.seqs  # ()
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_sum_norm")
+def seq_mean_token_sum_norm(loss: Tensor, valid: Tensor, norm: LossNormalizers) -> Tensor:
+    if norm.max_response_length is None or norm.max_response_length < 1:
+        raise ValueError(
+            "loss aggregation seq_mean_token_sum_norm needs max_response_length (the rollout's max new tokens, "
+            f"spec.rollout.sampling); got {norm.max_response_length!r}"
+        )
+    return loss.sum() / (norm.seqs * norm.max_response_length)  # ()
+
+
+def aggregate_loss(
+    token_loss: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+    max_response_length: int | None = None,
+) -> Tensor:
+    """One scalar from per-token losses (N, R); padding, whatever it holds, contributes nothing."""
+    valid = mask.bool()  # (N, R)
+    loss = torch.where(valid, token_loss, 0.0)  # (N, R)
+    tokens = valid.sum() if global_tokens is None else torch.tensor(float(global_tokens))  # ()
+    seqs = valid.any(-1).sum() if global_seqs is None else torch.tensor(float(global_seqs))  # ()
+    norm = LossNormalizers(
+        tokens=tokens.clamp(min=1).to(loss.device),
+        seqs=seqs.clamp(min=1).to(loss.device),
+        max_response_length=max_response_length,
+    )
+    return LOSS_AGGREGATIONS.get(mode)(loss, valid, norm)  # ()
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip_c: float | None,
+    aggregation: str,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+    max_response_length: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped surrogate, -A * clip(ratio), with dual clip bounding negative-advantage tokens by c * |A|.
+
+    Metrics are detached token means over this call's valid tokens.
+    """
+    if dual_clip_c is not None and dual_clip_c <= 1:
+        raise ValueError(f"dual_clip_c must be > 1 (spec.algorithm.dualClipC); got {dual_clip_c}")
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (N, R)
+    ratio = torch.exp(log_ratio)  # (N, R)
+    unclipped = -advantages * ratio  # (N, R)
+    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)  # (N, R)
+    token_loss = torch.maximum(unclipped, clipped)  # (N, R)
+    metrics = {
+        "clip_fraction": masked_mean((clipped > unclipped).float(), mask),  # ()
+        "approx_kl": masked_mean(-log_ratio, mask),  # () k1 of pi_old against pi
+        "ratio_mean": masked_mean(ratio, mask),  # ()
+    }
+    if dual_clip_c is not None:
+        bound = -advantages * dual_clip_c  # (N, R)
+        dual_clipped = (advantages < 0) & (token_loss > bound)  # (N, R)
+        token_loss = torch.where(dual_clipped, bound, token_loss)  # (N, R)
+        metrics["dual_clip_fraction"] = masked_mean(dual_clipped.float(), mask)  # ()
+    loss = aggregate_loss(
+        token_loss,
+        mask,
+        aggregation,
+        global_tokens=global_tokens,
+        global_seqs=global_seqs,
+        max_response_length=max_response_length,
+    )  # ()
+    return loss, {name: value.detach() for name, value in metrics.items()}
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None,
+    aggregation: str,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+    max_response_length: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """0.5 * max((v - R)^2, (clip(v, old - clip, old + clip) - R)^2); clip None gives 0.5 * (v - R)^2."""
+    unclipped = (values - returns) ** 2  # (N, R)
+    if clip is None:
+        token_loss = unclipped  # (N, R)
+        clip_fraction = values.new_zeros(())  # ()
+    else:
+        clipped_values = torch.clamp(values, old_values - clip, old_values + clip)  # (N, R)
+        clipped = (clipped_values - returns) ** 2  # (N, R)
+        token_loss = torch.maximum(unclipped, clipped)  # (N, R)
+        clip_fraction = masked_mean((clipped > unclipped).float(), mask)  # ()
+    loss = 0.5 * aggregate_loss(
+        token_loss,
+        mask,
+        aggregation,
+        global_tokens=global_tokens,
+        global_seqs=global_seqs,
+        max_response_length=max_response_length,
+    )  # ()
+    return loss, {"value_clip_fraction": clip_fraction.detach()}
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last dim, in float32: logsumexp(z) - sum(softmax(z) * z)."""
+    logits = logits.float()  # (..., V)
+    probs = torch.softmax(logits, dim=-1)  # (..., V)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)  # (...)
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """log softmax(logits)[label] in float32, without materialising the (N, R, V) log-softmax.
+
+    `labels` must be valid vocabulary ids everywhere (pad with the pad token id, not -100).
+    """
+    logits = logits.float()  # (N, R, V) a no-op when already float32
+    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (N, R)
+    return picked - torch.logsumexp(logits, dim=-1)  # (N, R)
