@@ -1,0 +1,149 @@
+"""The operator's door to the API server: a few REST verbs over the kubernetes client's connection.
+
+Paths are built by `names`; bodies are plain dicts. Every write that creates or changes an object
+is a server-side apply under FIELD_MANAGER (force: the operator owns what it applies). Errors
+come out as `ApiError` with the HTTP status, so callers need no kubernetes exception types.
+"""
+
+import json
+import os
+from typing import Any
+
+import kopf
+import kubernetes
+from kubernetes.client import ApiClient, Configuration
+
+from kuberl.operator.names import FIELD_MANAGER
+
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: the client sends the dict as JSON
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        self.status, self.reason, self.body = status, reason, body
+        super().__init__(f"{status} {reason}: {body[:500]}")
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+def load_configuration(pool_size: int = 16) -> Configuration:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config).
+
+    KUBECONFIG is read now, not when the kubernetes package was imported (its own default is fixed then).
+    """
+    configuration = Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
+        )
+    configuration.connection_pool_maxsize = pool_size
+    return configuration
+
+
+def connection_info(configuration: Configuration) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same configuration the operator's own client uses."""
+    header = configuration.get_api_key_with_prefix("BearerToken") or configuration.get_api_key_with_prefix(
+        "authorization"
+    )
+    scheme, _, token = (header or "").partition(" ")
+    if not token:  # a bare token without a scheme
+        scheme, token = "", scheme
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+class Kube:
+    def __init__(self, api: ApiClient, timeout: float = 30.0) -> None:
+        self.api = api
+        self.timeout = timeout
+
+    @classmethod
+    def from_environment(cls, pool_size: int = 16) -> "Kube":
+        return cls(ApiClient(load_configuration(pool_size)))
+
+    def close(self) -> None:
+        self.api.close()  # type: ignore[no-untyped-call]
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        verb, url, headers, _, post = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(verb, url, headers, body, post, _request_timeout=self.timeout)
+        data = response.read()  # type: ignore[no-untyped-call]
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, str(response.reason), text)
+        return json.loads(text) if text else None
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self.call("GET", path)
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
+    def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        """Objects matching the selector, served from the API server's watch cache (resourceVersion=0).
+
+        A quorum read would fetch and decode every object of the kind in the namespace from etcd on
+        each call; the cache may lag by milliseconds, which deterministic names and apply make harmless.
+        """
+        listing = self.call("GET", path, query=[("labelSelector", label_selector), ("resourceVersion", "0")])
+        items: list[dict[str, Any]] = listing.get("items") or []
+        return items
+
+    def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of `body` at `path` (an object's path, or its `/status`)."""
+        applied: dict[str, Any] = self.call(
+            "PATCH",
+            path,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            body=body,
+            content_type=APPLY_PATCH,
+        )
+        return applied
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        created: dict[str, Any] = self.call("POST", path, body=body)
+        return created
+
+    def delete(self, path: str, *, uid: str | None = None) -> bool:
+        """Delete in the background (the garbage collector takes the dependents); False if it was gone."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
+        try:
+            self.call("DELETE", path, body=options)
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True

@@ -1,0 +1,198 @@
+"""One level-triggered reconcile pass per RLJob: observe -> decide (pure) -> apply; and the queue that runs them.
+
+`Reconciler.run_pass` is synchronous I/O (it runs in a worker thread): it reads the RLJob, the
+RayJobs labelled with its name and its spec ConfigMap, calls `decide`, then acts in an order
+that keeps a crash harmless:
+
+1. the status (server-side apply under FIELD_MANAGER, with the observed resourceVersion as a
+   precondition): a new RayJob's name is committed here, before the RayJob exists. Only the
+   operator's fields are sent, so the runtime's progress/metrics/lastCheckpoint are untouched.
+   A conflict (someone wrote the RLJob meanwhile) re-runs the pass on fresh data.
+2. deletions of old RayJobs, 3. the ConfigMap and the RayJob (server-side apply: applying the
+   same name twice is one object), 4. the RLJob itself when its TTL is up, 5. Events.
+
+`ReconcileQueue` gives each RLJob at most one pass at a time: a trigger that arrives during a pass
+(a timer tick, a RayJob status change, an edit) makes exactly one more pass after it, and a
+decision's `requeue_after` schedules the next pass (backoff, deadline, TTL).
+"""
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+from kuberl.api import KIND
+from kuberl.operator import names
+from kuberl.operator.builders import Owner, build_event
+from kuberl.operator.decide import Decision, Observed, decide
+from kuberl.operator.kube import ApiError, Kube
+from kuberl.operator.metrics import OperatorMetrics
+from kuberl.operator.settings import OperatorSettings
+from kuberl.operator.status import format_time
+
+logger = logging.getLogger("kuberl.operator")
+
+Key = tuple[str, str]  # (namespace, name)
+#: Passes in a row that may hit a write conflict before the error goes to the caller (and kopf retries).
+CONFLICT_RETRIES = 3
+KUBERAY_MISSING = (
+    "the API server does not know RayJobs (ray.io/v1): install KubeRay (its CRDs rayjobs.ray.io and "
+    "rayclusters.ray.io) in this cluster, then the operator creates the job's RayJob on its next pass"
+)
+#: Wait before retrying a pass that a background requeue could not finish.
+ERROR_RETRY_SECONDS = 5.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: OperatorSettings,
+        metrics: OperatorMetrics,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.kube, self.settings, self.metrics, self.clock = kube, settings, metrics, clock
+        self.instance = socket.gethostname()
+
+    def observe(self, namespace: str, name: str) -> Observed | None:
+        rljob = self.kube.get(names.rljob_path(namespace, name))
+        if rljob is None or rljob["metadata"].get("deletionTimestamp"):
+            return None
+        rayjobs = self.kube.list(names.rayjob_path(namespace), f"{names.JOB_LABEL}={name}")
+        configmap = self.kube.get(names.configmap_path(namespace, names.configmap_name(name)))
+        return Observed(rljob=rljob, rayjobs=tuple(rayjobs), configmap=configmap)
+
+    def act(self, observed: Observed, decision: Decision) -> None:
+        meta = observed.rljob["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if decision.write_status:
+            self.kube.apply(
+                names.rljob_path(namespace, name) + "/status",
+                {
+                    "apiVersion": names.RLJOB_API_VERSION,
+                    "kind": KIND,
+                    "metadata": {"name": name, "namespace": namespace, "resourceVersion": meta["resourceVersion"]},
+                    "status": decision.status.to_status(),
+                },
+            )
+        for rayjob in decision.delete_rayjobs:
+            self.kube.delete(names.rayjob_path(namespace, rayjob))
+        for child in decision.apply:
+            path = names.configmap_path if child["kind"] == "ConfigMap" else names.rayjob_path
+            try:
+                self.kube.apply(path(namespace, child["metadata"]["name"]), child)
+            except ApiError as error:
+                if error.status == 404 and child["kind"] == "RayJob":
+                    raise ApiError(404, "RayJob kind unknown", KUBERAY_MISSING) from error
+                raise
+        if decision.delete_rljob:
+            self.kube.delete(names.rljob_path(namespace, name), uid=meta["uid"])
+        owner = Owner.of(observed.rljob)
+        for event in decision.events:
+            body = build_event(
+                owner,
+                kind=event.type,
+                reason=event.reason,
+                message=event.message,
+                time=format_time(self.clock()),
+                instance=self.instance,
+            )
+            try:
+                self.kube.create(names.events_path(namespace), body)
+            except ApiError as error:  # events are best effort: never fail a pass for one
+                logger.warning("event %s for %s/%s not posted: %s", event.reason, namespace, name, error)
+
+    def run_pass(self, namespace: str, name: str) -> Decision | None:
+        """Observe, decide, act; None when the RLJob is gone. Write conflicts re-run the pass."""
+        started = time.perf_counter()
+        self.metrics.reconciles.inc()
+        try:
+            for attempt in range(CONFLICT_RETRIES):
+                observed = self.observe(namespace, name)
+                if observed is None:
+                    self.metrics.job_phase((namespace, name), None)
+                    return None
+                decision = decide(observed, self.clock(), self.settings)
+                try:
+                    self.act(observed, decision)
+                except ApiError as error:
+                    if error.conflict and attempt + 1 < CONFLICT_RETRIES:
+                        continue
+                    raise
+                self.metrics.job_phase((namespace, name), decision.status.phase.value)
+                return decision
+            raise AssertionError("unreachable")  # the loop returns or raises
+        except Exception:
+            self.metrics.errors.inc()
+            raise
+        finally:
+            self.metrics.seconds.observe(time.perf_counter() - started)
+
+
+class ReconcileQueue:
+    """At most one pass per RLJob at a time, coalescing triggers; requeues by the decisions' timing."""
+
+    def __init__(self, reconciler: Reconciler, workers: int) -> None:
+        self.reconciler = reconciler
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kuberl-reconcile")
+        self._running: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
+
+    async def trigger(self, namespace: str, name: str) -> None:
+        """Run a pass now (or right after the one in flight). Raises what the pass raised."""
+        key = (namespace, name)
+        if key in self._running:
+            self._dirty.add(key)
+            return
+        self._running.add(key)
+        loop = asyncio.get_running_loop()
+        decision: Decision | None = None
+        try:
+            while True:
+                self._dirty.discard(key)
+                decision = await loop.run_in_executor(self.executor, self.reconciler.run_pass, namespace, name)
+                if key not in self._dirty:
+                    break
+        finally:
+            self._running.discard(key)
+        if decision is None:
+            self.forget(namespace, name)
+        elif decision.requeue_after is not None:
+            self.requeue(namespace, name, decision.requeue_after)
+
+    def requeue(self, namespace: str, name: str, delay: float) -> None:
+        key = (namespace, name)
+        old = self._timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[key] = loop.call_later(delay, lambda: loop.create_task(self._background(namespace, name)))
+
+    async def _background(self, namespace: str, name: str) -> None:
+        self._timers.pop((namespace, name), None)
+        try:
+            await self.trigger(namespace, name)
+        except Exception as error:  # noqa: BLE001 - a background pass must not die silently or kill the loop
+            logger.warning(
+                "reconcile of %s/%s failed, retrying in %s s: %s", namespace, name, ERROR_RETRY_SECONDS, error
+            )
+            self.requeue(namespace, name, ERROR_RETRY_SECONDS)
+
+    def forget(self, namespace: str, name: str) -> None:
+        timer = self._timers.pop((namespace, name), None)
+        if timer is not None:
+            timer.cancel()
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        self.executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,70 @@
+"""The operator's own settings: flags from `kuberl operator`, the rest from environment variables.
+
+- KUBERL_RUNTIME_IMAGE (ghcr.io/kuberl/runtime:<kuberl version>): the image of jobs without spec.image.
+- KUBERL_RESYNC_SECONDS (300): every RLJob is reconciled at least this often (a kopf timer). It is a
+  safety net: RayJob changes, edits and the decisions' own timing (backoff, deadline, TTL) trigger passes.
+- KUBERL_RECONCILE_WORKERS (16): reconcile passes that run at once (threads).
+- KUBERL_HEAD_CPU / KUBERL_HEAD_MEMORY (1 / 4Gi): the Ray head pod (it runs the controller, no GPU).
+- KUBERL_WEBHOOK_HOST (127.0.0.1): the host name the API server reaches the webhook at.
+- KUBERL_WEBHOOK_ADDR (0.0.0.0): the address the webhook listens on.
+- KUBERL_WEBHOOK_SERVICE (none): `namespace/name[:port]`, reach the webhook through this Service instead.
+- KUBERL_WEBHOOK_CERT / KUBERL_WEBHOOK_KEY (self-signed): the webhook's serving certificate and key (PEM).
+- KUBERL_WEBHOOK_CONFIGURATION (kuberl.io): the ValidatingWebhookConfiguration kopf keeps current (its
+  webhook is `validate-rljob.<this>`, which Kubernetes wants to have at least three dot-separated parts);
+  empty: none.
+"""
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kuberl import __version__
+
+
+def default_runtime_image(version: str = __version__) -> str:
+    return f"ghcr.io/kuberl/runtime:{version}"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    runtime_image: str = default_runtime_image()
+    resync_seconds: float = 300.0
+    workers: int = 16
+    head_cpu: str = "1"
+    head_memory: str = "4Gi"
+    namespaces: tuple[str, ...] = ()
+    metrics_port: int | None = None
+    webhook_port: int | None = None
+    webhook_host: str = "127.0.0.1"
+    webhook_addr: str = "0.0.0.0"
+    webhook_service: str | None = None
+    webhook_cert: str | None = None
+    webhook_key: str | None = None
+    webhook_configuration: str | None = "kuberl.io"
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        namespaces: Sequence[str] | None = None,
+        metrics_port: int | None = None,
+        webhook_port: int | None = None,
+    ) -> "OperatorSettings":
+        env = os.environ if env is None else env
+        return cls(
+            runtime_image=env.get("KUBERL_RUNTIME_IMAGE") or default_runtime_image(),
+            resync_seconds=float(env.get("KUBERL_RESYNC_SECONDS", "300")),
+            workers=int(env.get("KUBERL_RECONCILE_WORKERS", "16")),
+            head_cpu=env.get("KUBERL_HEAD_CPU", "1"),
+            head_memory=env.get("KUBERL_HEAD_MEMORY", "4Gi"),
+            namespaces=tuple(namespaces or ()),
+            metrics_port=metrics_port,
+            webhook_port=webhook_port,
+            webhook_host=env.get("KUBERL_WEBHOOK_HOST", "127.0.0.1"),
+            webhook_addr=env.get("KUBERL_WEBHOOK_ADDR", "0.0.0.0"),
+            webhook_service=env.get("KUBERL_WEBHOOK_SERVICE") or None,
+            webhook_cert=env.get("KUBERL_WEBHOOK_CERT") or None,
+            webhook_key=env.get("KUBERL_WEBHOOK_KEY") or None,
+            webhook_configuration=env.get("KUBERL_WEBHOOK_CONFIGURATION", "kuberl.io") or None,
+        )

@@ -1,0 +1,171 @@
+"""Pure status pieces: what a KubeRay RayJob's status means for the job, and Kubernetes-style conditions.
+
+KubeRay reports `status.jobDeploymentStatus` (New, Initializing, Running, Complete, Failed,
+Suspending, Suspended, Retrying, Waiting) and `status.jobStatus` (PENDING, RUNNING, STOPPED,
+SUCCEEDED, FAILED). `rayjob_state` folds them into the four states the operator acts on. A
+condition's `lastTransitionTime` moves only when its status flips; reason and message may change
+without a flip. Times are RFC 3339 strings with second precision, as Kubernetes writes them.
+"""
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from kuberl.api.enums import ConditionReason, ConditionStatus, ConditionType, Phase
+
+#: The status fields the operator owns (the runtime owns progress, metrics and lastCheckpoint).
+OPERATOR_FIELDS = (
+    "phase",
+    "conditions",
+    "observedGeneration",
+    "rayJobName",
+    "dashboardUrl",
+    "restarts",
+    "startTime",
+    "completionTime",
+)
+
+
+class RayJobState(StrEnum):
+    STARTING = "Starting"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+def rayjob_state(rayjob: dict[str, Any]) -> RayJobState:
+    """Succeeded only on jobStatus SUCCEEDED; Failed on FAILED/STOPPED or deployment Failed (or Complete
+    without success); Running once deployed and not PENDING; everything else is still starting."""
+    status = rayjob.get("status") or {}
+    deployment, job = status.get("jobDeploymentStatus") or "", status.get("jobStatus") or ""
+    if job == "SUCCEEDED":
+        return RayJobState.SUCCEEDED
+    if job in ("FAILED", "STOPPED") or deployment in ("Failed", "Complete"):
+        return RayJobState.FAILED
+    if job == "RUNNING" or (deployment == "Running" and job != "PENDING"):
+        return RayJobState.RUNNING
+    return RayJobState.STARTING
+
+
+def rayjob_message(rayjob: dict[str, Any]) -> str:
+    """KubeRay's own explanation (status.reason / status.message), when it gave one."""
+    status = rayjob.get("status") or {}
+    parts = [str(status[key]) for key in ("reason", "message") if status.get(key)]
+    return ": ".join(parts)
+
+
+def format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+Condition = dict[str, str]
+
+
+def find_condition(conditions: tuple[Condition, ...], kind: ConditionType) -> Condition | None:
+    return next((c for c in conditions if c.get("type") == kind.value), None)
+
+
+def is_true(conditions: tuple[Condition, ...], kind: ConditionType) -> bool:
+    found = find_condition(conditions, kind)
+    return found is not None and found.get("status") == ConditionStatus.TRUE.value
+
+
+def set_condition(
+    conditions: tuple[Condition, ...],
+    kind: ConditionType,
+    status: bool,
+    reason: ConditionReason,
+    message: str,
+    now: datetime,
+) -> tuple[Condition, ...]:
+    """The conditions with `kind` set; its lastTransitionTime moves only when its status flips (or it is new)."""
+    value = ConditionStatus.TRUE.value if status else ConditionStatus.FALSE.value
+    old = find_condition(conditions, kind)
+    moved = old is None or old.get("status") != value or not old.get("lastTransitionTime")
+    new = {
+        "type": kind.value,
+        "status": value,
+        "reason": reason.value,
+        "message": message,
+        "lastTransitionTime": format_time(now) if moved else old["lastTransitionTime"],  # type: ignore[index]
+    }
+    if old is None:
+        return (*conditions, new)
+    return tuple(new if c is old else c for c in conditions)
+
+
+def flipped(before: tuple[Condition, ...], after: tuple[Condition, ...]) -> list[Condition]:
+    """Conditions of `after` that are new or whose status differs from `before`."""
+    old = {c.get("type"): c.get("status") for c in before}
+    return [c for c in after if old.get(c["type"]) != c["status"]]
+
+
+def _phase(value: object) -> Phase:
+    try:
+        return Phase(str(value))
+    except ValueError:
+        return Phase.PENDING
+
+
+@dataclass(frozen=True)
+class OperatorStatus:
+    """The operator-owned part of an RLJob's status, as written (camelCase on the wire)."""
+
+    phase: Phase = Phase.PENDING
+    conditions: tuple[Condition, ...] = field(default_factory=tuple)
+    observed_generation: int | None = None
+    ray_job_name: str | None = None
+    dashboard_url: str | None = None
+    restarts: int = 0
+    start_time: str | None = None
+    completion_time: str | None = None
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any] | None) -> "OperatorStatus":
+        status = status or {}
+        conditions = tuple(dict(c) for c in status.get("conditions") or () if isinstance(c, dict) and "type" in c)
+        return cls(
+            phase=_phase(status.get("phase", Phase.PENDING.value)),
+            conditions=conditions,
+            observed_generation=status.get("observedGeneration"),
+            ray_job_name=status.get("rayJobName"),
+            dashboard_url=status.get("dashboardUrl"),
+            restarts=int(status.get("restarts") or 0),
+            start_time=status.get("startTime"),
+            completion_time=status.get("completionTime"),
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        """The fields to apply; absent ones are left out, so server-side apply removes them if they were ours."""
+        full: dict[str, Any] = {
+            "phase": self.phase.value,
+            "conditions": [dict(c) for c in self.conditions],
+            "observedGeneration": self.observed_generation,
+            "rayJobName": self.ray_job_name,
+            "dashboardUrl": self.dashboard_url,
+            "restarts": self.restarts,
+            "startTime": self.start_time,
+            "completionTime": self.completion_time,
+        }
+        return {key: value for key, value in full.items() if value is not None}
+
+    def with_condition(
+        self, kind: ConditionType, status: bool, reason: ConditionReason, message: str, now: datetime
+    ) -> "OperatorStatus":
+        return replace(self, conditions=set_condition(self.conditions, kind, status, reason, message, now))
+
+    def without_running(self, reason: ConditionReason, message: str, now: datetime) -> "OperatorStatus":
+        """Running turns False (when the condition exists at all)."""
+        if find_condition(self.conditions, ConditionType.RUNNING) is None:
+            return self
+        return self.with_condition(ConditionType.RUNNING, False, reason, message, now)

@@ -1,0 +1,5 @@
+import sys
+
+from kuberl.runtime.main import main
+
+sys.exit(main())

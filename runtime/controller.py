@@ -1,0 +1,317 @@
+"""The single controller: one short loop over the role worker groups.
+
+    rollout -> reward -> reference / critic / old log-probs -> advantages -> update -> sync
+
+The loop never branches on an algorithm's name: the estimator, the loss and the KL estimator
+are looked up in registries, and a stage runs when the configuration asks for what it makes
+(a KL coefficient needs reference log-probs, a critic needs values, an estimator that reads
+`baseline_scores` needs the greedy baseline).
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kuberl.api import KLPlacement
+from kuberl.runtime.algorithms.advantages import AdvantageInputs
+from kuberl.runtime.algorithms.kl import kl_penalty
+from kuberl.runtime.algorithms.masked import masked_mean
+from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
+from kuberl.runtime.batch import RolloutBatch
+from kuberl.runtime.data import Prompt
+from kuberl.runtime.engines.base import Generation, SamplingParams
+from kuberl.runtime.plan import RunPlan
+from kuberl.runtime.updates import UpdateConfig, token_rewards_from_scores
+from kuberl.runtime.workers.group import WorkerGroup
+
+log = logging.getLogger(__name__)
+
+
+class SyncMismatchError(RuntimeError):
+    """The rollout engine's log-probs differ from the trainer's after a weight sync."""
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (seed, step, rank, ...): runs replay, streams do not collide."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+@dataclass
+class StepResult:
+    step: int
+    epoch: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Groups:
+    actor: WorkerGroup  # actor + colocated rollout (+ reference/critic when they have no pool of their own)
+    reward: WorkerGroup
+    critic: WorkerGroup | None = None  # critic with a pool of its own
+    reference: WorkerGroup | None = None  # reference with a pool of its own
+
+    def host(self, role: str) -> WorkerGroup:
+        own = {"critic": self.critic, "reference": self.reference}.get(role)
+        return own or self.actor
+
+
+class Controller:
+    def __init__(self, plan: RunPlan, groups: Groups) -> None:
+        self.plan = plan
+        self.groups = groups
+        spec = plan.job.spec
+        self.spec = spec
+        self.algo = spec.algorithm
+        self.group_size = spec.algorithm.group_size or 1
+        self.estimator = ADVANTAGE_ESTIMATORS.get(str(spec.algorithm.advantage_estimator))
+        self.needs_baseline = "baseline_scores" in getattr(self.estimator, "reads", ())
+        self.kl_coef = spec.algorithm.kl.coef or 0.0
+        self.pad_id = plan.tokenizer.pad_token_id if plan.tokenizer.pad_token_id is not None else 0
+        self.update_config = UpdateConfig(
+            ppo_epochs=spec.algorithm.ppo_epochs,
+            mini_batches=plan.mini_batches,
+            micro_batch_size=spec.training.micro_batch_size,
+            world_size=plan.actor_world_size,
+            temperature=spec.rollout.temperature,
+            aggregation=str(spec.algorithm.loss_aggregation),
+            max_response_length=spec.rollout.max_new_tokens,
+            clip_low=spec.algorithm.clip_ratio_low,
+            clip_high=spec.algorithm.clip_ratio_high or spec.algorithm.clip_ratio_low,
+            dual_clip_c=spec.algorithm.dual_clip_c,
+            kl_in_loss_coef=self.kl_coef if spec.algorithm.kl.placement == KLPlacement.LOSS else 0.0,
+            kl_estimator=str(spec.algorithm.kl.estimator),
+            entropy_coef=spec.algorithm.entropy_coef,
+            value_clip=spec.algorithm.value_clip,
+        )
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self, start_step: int, on_step: Callable[[StepResult], None]) -> None:
+        for step in range(start_step, self.plan.total_steps):
+            on_step(self.step(step))
+
+    def step(self, step: int) -> StepResult:
+        epoch, prompts = self.plan.loader.batch(step)
+        timings: dict[str, float] = {}
+
+        def timed(stage: str, fn: Callable[..., Any], *args: Any) -> Any:
+            started = time.perf_counter()
+            out = fn(*args)
+            timings[f"time/{stage}"] = time.perf_counter() - started
+            return out
+
+        batch = timed("rollout", self.rollout, prompts, step)
+        failed = timed("reward", self.score, batch, prompts, step)
+        timed("reference", self.reference_logprobs, batch)
+        timed("old_logprobs", self.old_logprobs, batch)
+        timed("critic", self.critic_values, batch)
+        timed("advantages", self.advantages, batch, failed)
+        update_metrics = timed("update", self.update, batch)
+        sync_metrics = timed("sync", self.sync, batch)
+        metrics = {**self.batch_metrics(batch, failed), **update_metrics, **sync_metrics, **timings}
+        metrics["time/step"] = sum(timings.values())
+        metrics["throughput/tokens_per_second"] = float(batch.response_mask.sum()) / max(timings["time/rollout"], 1e-9)
+        return StepResult(step, epoch, metrics)
+
+    # -- stages -------------------------------------------------------------------------------------
+    def sampling(self, step: int, rank: int, *, greedy: bool = False) -> SamplingParams:
+        rollout = self.spec.rollout
+        stop_ids = (self.plan.tokenizer.eos_token_id,) if self.plan.tokenizer.eos_token_id is not None else ()
+        return SamplingParams(
+            temperature=0.0 if greedy else rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            max_new_tokens=rollout.max_new_tokens,
+            n=1 if greedy else self.group_size,
+            stop_token_ids=stop_ids,
+            stop=tuple(rollout.stop),
+            seed=derive_seed(self.spec.training.seed, step, rank, int(greedy)),
+        )
+
+    def _generate(self, prompts: list[Prompt], step: int, greedy: bool = False) -> list[list[Generation]]:
+        group = self.groups.actor
+        shards = np.array_split(np.arange(len(prompts)), group.world_size)
+        calls = [
+            group.workers[rank].generate.remote(
+                [prompts[i].input_ids for i in shard], self.sampling(step, rank, greedy=greedy)
+            )
+            for rank, shard in enumerate(shards)
+        ]
+        import ray
+
+        return [generations for part in ray.get(calls) for generations in part]
+
+    def rollout(self, prompts: list[Prompt], step: int) -> RolloutBatch:
+        generations = self._generate(prompts, step)
+        rows = [(p, g) for p, gens in zip(prompts, generations, strict=True) for g in gens]
+        width_p = max(len(p.input_ids) for p, _ in rows)
+        width_r = max(1, max(len(g.token_ids) for _, g in rows))
+        n = len(rows)
+        prompt_ids = torch.full((n, width_p), self.pad_id, dtype=torch.long)  # (N, P)
+        prompt_mask = torch.zeros((n, width_p), dtype=torch.long)  # (N, P)
+        response_ids = torch.full((n, width_r), self.pad_id, dtype=torch.long)  # (N, R)
+        response_mask = torch.zeros((n, width_r))  # (N, R)
+        engine_logprobs = torch.zeros((n, width_r))  # (N, R)
+        for row, (prompt, gen) in enumerate(rows):
+            length_p, length_r = len(prompt.input_ids), len(gen.token_ids)
+            prompt_ids[row, width_p - length_p :] = torch.tensor(prompt.input_ids)
+            prompt_mask[row, width_p - length_p :] = 1
+            if length_r:
+                response_ids[row, :length_r] = torch.tensor(gen.token_ids)
+                response_mask[row, :length_r] = 1
+                engine_logprobs[row, :length_r] = torch.tensor(gen.logprobs)
+        group_index = torch.arange(len(prompts)).repeat_interleave(self.group_size)  # (N,)
+        texts = [self.plan.tokenizer.decode(g.token_ids, skip_special_tokens=True) for _, g in rows]
+        return RolloutBatch(
+            prompt_ids,
+            prompt_mask,
+            response_ids,
+            response_mask,
+            group_index,
+            engine_logprobs=engine_logprobs,
+            texts=texts,
+            samples=[p.record for p, _ in rows],
+        )
+
+    def _score_texts(self, prompt_texts: list[str], texts: list[str], samples: list[dict[str, Any]]) -> list[Any]:
+        group = self.groups.reward
+        parts = np.array_split(np.arange(len(texts)), group.world_size)
+        import ray
+
+        calls = [
+            group.workers[rank].score.remote(
+                [prompt_texts[i] for i in part], [texts[i] for i in part], [samples[i] for i in part]
+            )
+            for rank, part in enumerate(parts)
+            if len(part)
+        ]
+        return [result for chunk in ray.get(calls) for result in chunk]
+
+    def score(self, batch: RolloutBatch, prompts: list[Prompt], step: int) -> torch.Tensor:
+        """Scores into the batch; returns the (N,) bool mask of samples whose reward failed."""
+        prompt_texts = [p.text for p in prompts for _ in range(self.group_size)]
+        results = self._score_texts(prompt_texts, batch.texts, batch.samples)
+        batch.scores = torch.tensor([r.score for r in results], dtype=torch.float32)  # (N,)
+        failed = torch.tensor([r.error is not None for r in results])  # (N,)
+        for row in failed.nonzero().flatten().tolist():
+            log.warning("step %d: reward failed for response %d: %s", step, row, results[row].error)
+        if self.needs_baseline:
+            greedy = self._generate(prompts, step, greedy=True)
+            greedy_texts = [self.plan.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in greedy]
+            base = self._score_texts([p.text for p in prompts], greedy_texts, [p.record for p in prompts])
+            batch.baseline_scores = torch.tensor([r.score for r in base]).repeat_interleave(self.group_size)  # (N,)
+        return failed
+
+    def _forward(self, role: str, batch: RolloutBatch) -> torch.Tensor:
+        group = self.groups.host(role)
+        micro = self.spec.training.micro_batch_size
+        if role == "critic":
+            parts = group.call_sharded("compute_values", batch, micro_batch_size=micro)
+        else:
+            parts = group.call_sharded(
+                "compute_logprobs", batch, role=role, temperature=self.spec.rollout.temperature, micro_batch_size=micro
+            )
+        return torch.cat(parts) * batch.response_mask  # (N, R)
+
+    def reference_logprobs(self, batch: RolloutBatch) -> None:
+        if self.kl_coef > 0:
+            batch.ref_logprobs = self._forward("reference", batch)
+
+    def old_logprobs(self, batch: RolloutBatch) -> None:
+        if self.spec.rollout.use_engine_logprobs:
+            batch.old_logprobs = batch.engine_logprobs
+        else:
+            batch.old_logprobs = self._forward("actor", batch)
+
+    def critic_values(self, batch: RolloutBatch) -> None:
+        if self.spec.models.critic is not None:
+            batch.values = self._forward("critic", batch)
+
+    def advantages(self, batch: RolloutBatch, failed: torch.Tensor) -> None:
+        assert batch.scores is not None and batch.old_logprobs is not None
+        rewards = token_rewards_from_scores(batch.scores, batch.response_mask)  # (N, R)
+        if self.kl_coef > 0 and self.spec.algorithm.kl.placement == KLPlacement.REWARD:
+            assert batch.ref_logprobs is not None
+            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, str(self.spec.algorithm.kl.estimator))  # (N, R)
+            rewards = rewards - self.kl_coef * kl * batch.response_mask  # (N, R)
+        batch.token_rewards = rewards
+        inputs = AdvantageInputs(
+            token_rewards=rewards,
+            response_mask=batch.response_mask,
+            group_index=batch.group_index,
+            values=batch.values,
+            baseline_scores=batch.baseline_scores,
+            gamma=self.algo.gamma,
+            lam=self.algo.lam,
+            normalize_std=bool(self.algo.normalize_advantage_std),
+        )
+        advantages, returns = self.estimator(inputs)  # (N, R), (N, R)
+        # a sample whose reward failed teaches nothing: no policy gradient from it
+        batch.advantages = advantages * (~failed).float()[:, None]  # (N, R)
+        batch.returns = returns
+
+    def _layout_for_update(self, batch: RolloutBatch) -> RolloutBatch:
+        """Rows reordered so that rank r's contiguous shard holds its part of every mini-batch in order."""
+        world, minis = self.plan.actor_world_size, self.plan.mini_batches
+        mini_rows = len(batch) // minis
+        part = mini_rows // world
+        order = [m * mini_rows + r * part + i for r in range(world) for m in range(minis) for i in range(part)]
+        return batch.select(order)
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        laid_out = self._layout_for_update(batch)
+        metrics: dict[str, float] = {}
+        if self.spec.models.critic is not None:
+            critic_group = self.groups.host("critic")
+            metrics.update(critic_group.call_sharded("update_critic", laid_out, config=self.update_config)[0])
+        metrics.update(self.groups.actor.call_sharded("update_actor", laid_out, config=self.update_config)[0])
+        return metrics
+
+    def sync(self, batch: RolloutBatch) -> dict[str, float]:
+        results = self.groups.actor.call("sync_weights")
+        metrics = {"sync/seconds": max(r["sync/seconds"] for r in results), "sync/bytes": results[0]["sync/bytes"]}
+        if self.spec.rollout.verify_sync:
+            metrics["sync/max_logprob_diff"] = self.verify_sync(batch)
+        return metrics
+
+    def verify_sync(self, batch: RolloutBatch) -> float:
+        """Score a fixed probe with trainer and engine; fail beyond rollout.verifySyncTolerance."""
+        prompt = batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist()
+        response = batch.response_ids[0][batch.response_mask[0].bool()].tolist() or [self.pad_id]
+        probes = self.groups.actor.call("probe_logprobs", prompt, response, self.spec.rollout.temperature)
+        diff = max(float((torch.tensor(p["trainer"]) - torch.tensor(p["engine"])).abs().max()) for p in probes)
+        if diff > self.spec.rollout.verify_sync_tolerance:
+            raise SyncMismatchError(
+                f"after the weight sync the rollout engine's log-probs differ from the trainer's by {diff:.3g} "
+                f"(> spec.rollout.verifySyncTolerance {self.spec.rollout.verify_sync_tolerance:g})"
+            )
+        return diff
+
+    # -- metrics ------------------------------------------------------------------------------------
+    def batch_metrics(self, batch: RolloutBatch, failed: torch.Tensor) -> dict[str, float]:
+        assert batch.scores is not None
+        mask = batch.response_mask
+        metrics = {
+            "reward/mean": float(batch.scores.mean()),
+            "reward/std": float(batch.scores.std()) if len(batch) > 1 else 0.0,
+            "reward/failed": float(failed.sum()),
+            "response/length_mean": float(mask.sum(-1).mean()),
+            "response/clip_fraction": float((mask.sum(-1) >= self.spec.rollout.max_new_tokens).float().mean()),
+            "rollout/tokens": float(mask.sum()),
+        }
+        if batch.ref_logprobs is not None and batch.old_logprobs is not None:
+            metrics["kl/mean"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, mask))
+        if (
+            batch.engine_logprobs is not None
+            and batch.old_logprobs is not None
+            and not self.spec.rollout.use_engine_logprobs
+        ):
+            diff = (batch.engine_logprobs - batch.old_logprobs).abs() * mask
+            metrics["rollout/logprob_diff_max"] = float(diff.max())
+        if batch.advantages is not None:
+            metrics["advantage/mean"] = float(masked_mean(batch.advantages, mask))
+        return metrics

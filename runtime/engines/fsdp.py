@@ -1,0 +1,190 @@
+"""FSDP2 training engine: one rank's share of a model, its forward passes and its updates.
+
+Parameters are sharded with `fully_shard` per decoder layer and at the root (torchtitan's
+layout). Every rank runs the same number of forward/backward calls (collectives), which the
+controller guarantees by giving each rank an equal number of rows.
+
+Loss values are each rank's *contribution* to the loss of the whole mini-batch (global token
+and sequence counts in the denominators), and gradients are summed across ranks instead of
+averaged, so a 2-rank update equals a single-process update on the unsharded batch.
+"""
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from kuberl.api.spec import OptimizerSpec
+from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_logits
+
+
+def apply_fsdp(model: torch.nn.Module, world_size: int, device_type: str) -> torch.nn.Module:
+    """Shard each decoder layer, then the root, over all ranks; bf16 compute on GPU, fp32 on CPU."""
+    mesh = init_device_mesh(device_type, (world_size,))
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if device_type == "cuda"
+        else MixedPrecisionPolicy()
+    )
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for module in model.modules():  # the settings are per FSDP unit, not inherited
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # sum, not average: each rank's loss is already its share
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM collective (gloo has no PREMUL_SUM)
+    return model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    backbone = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
+    layers = getattr(backbone, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found at .model.layers")
+    return list(layers)
+
+
+def build_optimizer(
+    model: torch.nn.Module, spec: OptimizerSpec, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=spec.lr,
+        betas=(spec.betas[0], spec.betas[1]),
+        weight_decay=spec.weight_decay,
+        foreach=False,
+    )
+    warmup, schedule = spec.warmup_steps, spec.schedule.value
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if schedule == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@dataclass(frozen=True)
+class ForwardInput:
+    input_ids: Tensor  # (n, P+R)
+    attention_mask: Tensor  # (n, P+R)
+    response_ids: Tensor  # (n, R)
+    prompt_width: int  # P
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding, as in generation."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (n, P+R)
+
+
+def micro_batches(rows: int, size: int) -> Iterator[slice]:
+    for start in range(0, rows, size):
+        yield slice(start, min(rows, start + size))
+
+
+class FSDPTrainer:
+    """A causal LM (actor/reference) or a token-value model (critic) on one rank."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        world_size: int,
+        device: torch.device,
+        optim: OptimizerSpec | None,
+        total_steps: int,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers PreTrainedModel
+        self.device = device
+        self.model = apply_fsdp(model.to(device), world_size, device.type)
+        self.optim_spec = optim
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if optim is not None:
+            self.optimizer, self.scheduler = build_optimizer(self.model, optim, total_steps)
+        self.is_critic = not hasattr(model, "lm_head")
+
+    # -- forward passes -------------------------------------------------------------------------
+    def _forward_logits(self, batch: ForwardInput, rows: slice) -> Tensor:
+        ids = batch.input_ids[rows].to(self.device)  # (m, P+R)
+        mask = batch.attention_mask[rows].to(self.device)  # (m, P+R)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
+        return out.logits[:, batch.prompt_width - 1 : -1]  # (m, R, V) predicts response tokens
+
+    def _forward_values(self, batch: ForwardInput, rows: slice) -> Tensor:
+        ids = batch.input_ids[rows].to(self.device)  # (m, P+R)
+        mask = batch.attention_mask[rows].to(self.device)  # (m, P+R)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask))
+        # V(s_t) for response token t is read at the position that generated it, like the log-probs
+        return out.logits[:, batch.prompt_width - 1 : -1, 0].float()  # (m, R)
+
+    def response_logprobs(
+        self, batch: ForwardInput, rows: slice, temperature: float, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        logits = self._forward_logits(batch, rows).float()  # (m, R, V)
+        if temperature > 0:
+            logits = logits / temperature
+        labels = batch.response_ids[rows].to(self.device)  # (m, R)
+        entropy = entropy_from_logits(logits) if with_entropy else None  # (m, R)
+        return logprobs_from_logits(logits, labels), entropy  # (m, R)
+
+    @torch.no_grad()
+    def logprobs(self, batch: ForwardInput, temperature: float, micro_batch_size: int) -> Tensor:
+        self.model.eval()
+        parts = [
+            self.response_logprobs(batch, rows, temperature)[0].cpu()
+            for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size)
+        ]
+        return torch.cat(parts)  # (n, R)
+
+    @torch.no_grad()
+    def values(self, batch: ForwardInput, micro_batch_size: int) -> Tensor:
+        self.model.eval()
+        parts = [
+            self._forward_values(batch, rows).cpu()
+            for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size)
+        ]
+        return torch.cat(parts)  # (n, R)
+
+    # -- updates ----------------------------------------------------------------------------------
+    def optimizer_step(self) -> dict[str, float]:
+        assert self.optimizer is not None and self.scheduler is not None and self.optim_spec is not None
+        clip = self.optim_spec.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip is not None else float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return {"grad_norm": float(norm), "lr": float(lr)}
+
+    # -- weights out --------------------------------------------------------------------------------
+    def full_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """Each parameter gathered in full, one at a time: at most one full tensor is alive per step.
+
+        Every rank must iterate to the end (each step is an all-gather).
+        """
+        for name, param in self.model.named_parameters():
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param.data
+            yield name, full.detach()
+            del full
+
+
+def global_sum(value: float | Tensor) -> float:
+    """Sum of a number over all ranks."""
+    total = torch.tensor(float(value), dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    return float(total)

@@ -1,0 +1,87 @@
+"""What a user sees of a run: a progress bar, metrics.jsonl, TensorBoard events and a final plot."""
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+HEADLINE = ("reward/mean", "kl/mean", "response/length_mean")
+
+
+class RunReporter:
+    """Writes one metrics line per step and shows progress; `close()` draws the plot."""
+
+    def __init__(self, output_dir: Path, total_steps: int, start_step: int = 0, show_progress: bool = True) -> None:
+        self.output_dir = output_dir
+        self.total_steps = total_steps
+        self.history: list[dict[str, Any]] = []
+        self.metrics_file = (output_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self.started = time.monotonic()
+        self.start_step = start_step
+        self.tensorboard = _tensorboard_writer(output_dir / "tensorboard")
+        self.bar = None
+        if show_progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def eta_seconds(self, step: int) -> float | None:
+        done = step + 1 - self.start_step
+        if done <= 0:
+            return None
+        return (time.monotonic() - self.started) / done * (self.total_steps - step - 1)
+
+    def log_step(self, step: int, epoch: int, metrics: dict[str, float]) -> None:
+        record = {"step": step + 1, "epoch": epoch, **{k: v for k, v in metrics.items() if math.isfinite(v)}}
+        self.history.append(record)
+        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.flush()
+        if self.tensorboard is not None:
+            for name, value in record.items():
+                if name not in ("step", "epoch"):
+                    self.tensorboard.add_scalar(name, value, step + 1)
+        if self.bar is not None:
+            self.bar.set_postfix(
+                reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
+                kl=f"{metrics.get('kl/mean', 0.0):.4f}",
+                tok_s=f"{metrics.get('throughput/tokens_per_second', 0.0):.0f}",
+                refresh=False,
+            )
+            self.bar.update(1)
+
+    def close(self) -> Path | None:
+        if self.bar is not None:
+            self.bar.close()
+        self.metrics_file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        return plot_history(self.history, self.output_dir / "training.png") if self.history else None
+
+
+def _tensorboard_writer(directory: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional in slim images
+        return None
+    return SummaryWriter(str(directory))
+
+
+def plot_history(history: list[dict[str, Any]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [record["step"] for record in history]
+    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(4 * len(HEADLINE), 3.2))
+    for axis, name in zip(axes, HEADLINE, strict=True):
+        values = [record.get(name, math.nan) for record in history]
+        axis.plot(steps, values, marker=".", linewidth=1)
+        axis.set_title(name)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

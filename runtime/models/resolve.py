@@ -1,0 +1,130 @@
+"""From a model location in a manifest to a local Hugging Face folder.
+
+    tiny://demo            built here (kuberl.runtime.models.tiny) into <cache>/tiny/demo-<builder hash>
+    /models/qwen, file://  used where it is: must exist and hold config.json
+    hf://org/name          huggingface_hub.snapshot_download into <cache>/hf
+    s3://b/p, gs://b/p     copied with fsspec into <cache>/s3/b/p (s3fs / gcsfs must be installed)
+
+Builds and downloads land in a temporary folder beside their target and are renamed into
+place, so a job killed mid-download never leaves a half folder that a later start would trust,
+and two workers resolving the same model at once both end up with one complete copy.
+"""
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from kuberl.runtime.models.tiny import BUILDER_VERSION, TINY_MODELS, build_tiny_model
+
+
+class ModelNotFoundError(ValueError):
+    """A model location that cannot be used; the message names the spec field, the location and what to do."""
+
+
+def tiny_model_dir(name: str, cache_dir: Path) -> Path:
+    """Where tiny://NAME is cached: keyed by the builder version and the model's shape, so a change rebuilds."""
+    key = hashlib.sha256(f"{BUILDER_VERSION}:{TINY_MODELS[name]!r}".encode()).hexdigest()[:12]
+    return cache_dir / "tiny" / f"{name}-{key}"
+
+
+def _materialise(target: Path, fill: Callable[[Path], object]) -> Path:
+    """Fills a temporary folder beside target and renames it into place; an existing target wins a race."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        fill(staging)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+            # Another worker renamed its complete copy into place first; keep it, drop ours.
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _resolve_tiny(name: str, cache_dir: Path, field: str) -> Path:
+    if name not in TINY_MODELS:
+        raise ModelNotFoundError(
+            f"{field}: unknown tiny model tiny://{name}; known: "
+            + ", ".join(f"tiny://{known}" for known in sorted(TINY_MODELS))
+        )
+    return _materialise(tiny_model_dir(name, cache_dir), lambda staging: build_tiny_model(name, staging))
+
+
+def _resolve_local(path: str, field: str) -> Path:
+    folder = Path(path.removeprefix("file://"))
+    if not folder.is_dir():
+        raise ModelNotFoundError(
+            f"{field}: model folder {folder} does not exist; mount the volume that holds it "
+            "(resources.<role>.podTemplate) or use hf://, s3:// or tiny://demo"
+        )
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"{field}: {folder} has no config.json, so it is not a Hugging Face model folder; "
+            "point at the folder that holds config.json and the weights"
+        )
+    return folder
+
+
+def _resolve_hub(repo_id: str, cache_dir: Path, field: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as error:
+        raise ModelNotFoundError(
+            f"{field}: hf://{repo_id} needs huggingface_hub, which is not installed; "
+            "install it in the runtime image or mount the model and give its path"
+        ) from error
+    try:
+        return Path(snapshot_download(repo_id=repo_id, cache_dir=str(cache_dir / "hf")))
+    except Exception as error:  # network, auth, missing repo: all mean "not from the hub, here"
+        raise ModelNotFoundError(
+            f"{field}: cannot download hf://{repo_id} ({type(error).__name__}: {error}); the hub is unreachable "
+            "or the repository is private or missing. Mount the model on a volume and give its path instead"
+        ) from error
+
+
+def _resolve_object_store(uri: str, cache_dir: Path, field: str) -> Path:
+    scheme, _, key = uri.partition("://")
+    try:
+        import fsspec
+
+        filesystem, root = fsspec.core.url_to_fs(uri)
+    except ImportError as error:
+        package = {"s3": "s3fs", "gs": "gcsfs"}.get(scheme, "fsspec")
+        raise ModelNotFoundError(
+            f"{field}: reading {uri} needs {package}, which is not installed; "
+            "install it in the runtime image, or mount the model on a volume and give its path"
+        ) from error
+
+    def download(staging: Path) -> None:
+        filesystem.get(root.rstrip("/") + "/", str(staging), recursive=True)
+        if not (staging / "config.json").is_file():
+            raise ModelNotFoundError(f"{field}: {uri} holds no config.json; point at a Hugging Face model folder")
+
+    try:
+        return _materialise(cache_dir / scheme / key.strip("/"), download)
+    except ModelNotFoundError:
+        raise
+    except Exception as error:  # credentials, missing bucket, network
+        raise ModelNotFoundError(
+            f"{field}: cannot download {uri} ({type(error).__name__}: {error}); check the URI and that "
+            "checkpoint.secretRef / spec.secretRefs give credentials for it"
+        ) from error
+
+
+def resolve_model_path(path: str, cache_dir: Path, field: str) -> Path:
+    """A local folder for the model at `path` (see the module docstring); `field` names it in errors."""
+    if path.startswith("tiny://"):
+        return _resolve_tiny(path.removeprefix("tiny://"), cache_dir, field)
+    if path.startswith("hf://"):
+        return _resolve_hub(path.removeprefix("hf://"), cache_dir, field)
+    if path.startswith(("s3://", "gs://")):
+        return _resolve_object_store(path, cache_dir, field)
+    return _resolve_local(path, field)

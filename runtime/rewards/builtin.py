@@ -1,0 +1,192 @@
+"""Reward functions that ship with kuberl, named in a manifest as `reward.function: NAME`.
+
+A reward function is pure: `(completion, sample) -> score` or `-> (score, metrics)`, where
+`completion` is the generated text (prompt excluded) and `sample` the prompt's raw data record
+(its `answer` and whatever else the dataset carries). No I/O, no clock, no globals, so a
+reward can be replayed and table-tested. The examples in the docstrings run as doctests.
+
+Answer extraction (math_exact, math_numeric) takes the completion's final answer from, in
+order: the last `\\boxed{...}`, the text after the last `####` (GSM8K), the last
+`<answer>...</answer>`, and otherwise the last number in the text. The reference answer in
+`sample["answer"]` goes through the same extraction when it carries a `\\boxed{}` or `####`
+marker (so GSM8K's full solutions work as they are), and is used verbatim otherwise.
+"""
+
+import math
+import re
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+#: What a reward function looks like; `kuberl.runtime.rewards.functions.score_safely` checks what it returns.
+RewardFn = Callable[[str, dict[str, Any]], float | tuple[float, dict[str, float]]]
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK_THEN_ANSWER = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
+_INTEGER_WORD = re.compile(r"[+-]?\d+")
+_FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
+_NUMERIC = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def last_boxed(text: str) -> str | None:
+    """The contents of the last `\\boxed{...}`, nested braces included; None if there is none.
+
+    >>> last_boxed(r"so \\boxed{1} or rather \\boxed{\\frac{3}{4}}")
+    '\\\\frac{3}{4}'
+    """
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for position in range(begin, len(text)):
+        if text[position] == "{":
+            depth += 1
+        elif text[position] == "}":
+            if depth == 0:
+                return text[begin:position]
+            depth -= 1
+    return None  # unbalanced: the model stopped mid-box
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The final answer of a solution: boxed, then after ####, then <answer>, then the last number.
+
+    >>> extract_final_answer("3 apples and 4 pears, 7 in all. #### 7")
+    '7'
+    >>> extract_final_answer("<answer> 1,000 </answer>")
+    '1,000'
+    >>> extract_final_answer("no digits here") is None
+    True
+    """
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    if "####" in text:
+        after = text.rsplit("####", 1)[1].strip()
+        return after.splitlines()[0].strip() if after else None
+    tags = _ANSWER_TAG.findall(text)
+    if tags:
+        return str(tags[-1]).strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].rstrip(",") if numbers else None
+
+
+def normalise_answer(answer: str) -> str:
+    """Strips whitespace, commas, dollar signs and a trailing period.
+
+    >>> normalise_answer(" $1,234. ")
+    '1234'
+    """
+    return answer.strip().replace(",", "").replace("$", "").strip().rstrip(".").strip()
+
+
+def parse_number(answer: str) -> float | None:
+    """A number from an answer: integers, decimals, thousands separators, a/b and \\frac{a}{b}; None otherwise.
+
+    >>> parse_number("1,234.5"), parse_number("3/4"), parse_number(r"\\frac{1}{8}"), parse_number("twelve")
+    (1234.5, 0.75, 0.125, None)
+    """
+    text = normalise_answer(answer).replace(" ", "").rstrip("%")
+    text = _FRAC.sub(r"\1/\2", text)
+    try:
+        if "/" in text:
+            numerator, denominator = text.split("/", 1)
+            if not (_NUMERIC.fullmatch(numerator) and _NUMERIC.fullmatch(denominator)):
+                return None
+            return float(Fraction(numerator) / Fraction(denominator))
+        # fullmatch first: float() alone would also accept "nan", "inf" and "1_000".
+        return float(text) if _NUMERIC.fullmatch(text) else None
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+
+
+def reference_answer(sample: dict[str, Any]) -> str:
+    """The expected answer of a record: `sample["answer"]`, extracted when it is a worked solution."""
+    if "answer" not in sample:
+        raise KeyError(f"the sample has no 'answer' field (its fields: {', '.join(sorted(sample)) or 'none'})")
+    answer = str(sample["answer"])
+    if "####" in answer or "\\boxed{" in answer:
+        return extract_final_answer(answer) or answer
+    return answer
+
+
+def math_exact(completion: str, sample: dict[str, Any]) -> float:
+    """1.0 if the completion's final answer equals the reference as a normalised string, else 0.0.
+
+    >>> math_exact("Half of 14 is 7, so \\\\boxed{7}.", {"answer": "7"})
+    1.0
+    >>> math_exact("The total is $1,200.", {"answer": "1200"})
+    1.0
+    >>> math_exact("It is 7.0", {"answer": "7"})
+    0.0
+    """
+    predicted = extract_final_answer(completion)
+    if predicted is None:
+        return 0.0
+    return 1.0 if normalise_answer(predicted) == normalise_answer(reference_answer(sample)) else 0.0
+
+
+def math_numeric(completion: str, sample: dict[str, Any]) -> float:
+    """1.0 if the completion's final answer equals the reference as a number (relative tolerance 1e-6), else 0.0.
+
+    >>> math_numeric("It is 7.0", {"answer": "7"})
+    1.0
+    >>> math_numeric("<answer>3/4</answer>", {"answer": "0.75"})
+    1.0
+    >>> math_numeric("about 0.76", {"answer": "3/4"})
+    0.0
+    """
+    predicted = extract_final_answer(completion)
+    if predicted is None:
+        return 0.0
+    got, expected = parse_number(predicted), parse_number(reference_answer(sample))
+    if got is None or expected is None:
+        return 0.0
+    return 1.0 if math.isclose(got, expected, rel_tol=1e-6) else 0.0
+
+
+def format_answer_tag(completion: str, sample: dict[str, Any]) -> float:
+    """1.0 if the completion is `<think>...</think>` then `<answer>...</answer>` (whitespace around allowed).
+
+    >>> format_answer_tag("<think>2+2</think>\\n<answer>4</answer>", {})
+    1.0
+    >>> format_answer_tag("<answer>4</answer>", {})
+    0.0
+    """
+    return 1.0 if _THINK_THEN_ANSWER.fullmatch(completion) else 0.0
+
+
+def tiny_task(completion: str, sample: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    """The demo task: continue "count: 3 4 5" with "6 7 8". Half for writing integers, half for the right ones.
+
+    score = 0.5 * (share of the completion's words that are integers; 0 for an empty completion)
+          + 0.5 * (share of the expected numbers matched position by position).
+    The first half gives a random model a reward well above 0 and GRPO a gradient from step one;
+    the second half has room up to 1.
+
+    >>> tiny_task(" 6 7 8", {"answer": "6 7 8"})
+    (1.0, {'integer_share': 1.0, 'matched_share': 1.0})
+
+    Words "6", "x", "9": 2 of 3 are integers; position 0 matches "6", position 2 "9" != "8".
+    score = 0.5 * 2/3 + 0.5 * 1/3 = 0.5.
+
+    >>> tiny_task(" 6 x 9", {"answer": "6 7 8"})
+    (0.5, {'integer_share': 0.6666666666666666, 'matched_share': 0.3333333333333333})
+    """
+    words = completion.split()
+    expected = reference_answer(sample).split()
+    integer_share = sum(1 for word in words if _INTEGER_WORD.fullmatch(word)) / len(words) if words else 0.0
+    matched = sum(1 for got, want in zip(words, expected, strict=False) if got == want)
+    matched_share = matched / len(expected) if expected else 0.0
+    score = 0.5 * integer_share + 0.5 * matched_share
+    return score, {"integer_share": integer_share, "matched_share": matched_share}
+
+
+#: The built-in rewards by manifest name; the keys equal `kuberl.api.spec.BUILTIN_REWARDS` (a test checks).
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "math_exact": math_exact,
+    "math_numeric": math_numeric,
+    "format_answer_tag": format_answer_tag,
+    "tiny_task": tiny_task,
+}

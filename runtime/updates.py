@@ -1,0 +1,178 @@
+"""The actor and critic updates of one rank: PPO epochs over mini-batches over micro-batches.
+
+The controller hands each rank a shard laid out as `mini_batches` equal consecutive parts,
+one per mini-batch (see `Controller._layout_for_update`). Denominators of the loss are the
+counts of the whole mini-batch across all ranks, so the summed gradient is the gradient of
+the unsharded mini-batch's loss (verl's "global batch info").
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kuberl.runtime.algorithms.kl import kl_penalty
+from kuberl.runtime.algorithms.losses import aggregate_loss, ppo_clip_loss, value_loss
+from kuberl.runtime.batch import RolloutBatch
+from kuberl.runtime.engines.fsdp import ForwardInput, FSDPTrainer, global_sum, micro_batches
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    ppo_epochs: int
+    mini_batches: int
+    micro_batch_size: int
+    world_size: int
+    temperature: float
+    aggregation: str
+    max_response_length: int
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip_c: float | None = None
+    kl_in_loss_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    value_clip: float | None = None
+
+
+def forward_input(batch: RolloutBatch) -> ForwardInput:
+    return ForwardInput(batch.input_ids, batch.attention_mask, batch.response_ids, batch.prompt_ids.shape[1])
+
+
+class _Totals:
+    """Metrics of one update, reduced over ranks at the end. Three kinds:
+
+    - `mean`: a per-token mean on this rank, weighted by its tokens;
+    - `share`: this rank's share of a mini-batch total (the shares of all ranks sum to it);
+    - `same`: a number every rank holds identically (the gradient norm, the learning rate).
+    Each is averaged over the mini-batches and epochs of the update.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def _add(self, name: str, total: float, weight: float) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + total
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def mean(self, name: str, value: float, tokens: float) -> None:
+        self._add(name, value * tokens, tokens)
+
+    def share(self, name: str, value: float) -> None:
+        self._add(name, value, 1.0 / self.world_size)
+
+    def same(self, name: str, value: float) -> None:
+        self._add(name, value / self.world_size, 1.0 / self.world_size)
+
+    def reduce(self) -> dict[str, float]:
+        return {
+            name: global_sum(total) / max(global_sum(self.weights[name]), 1e-12) for name, total in self.sums.items()
+        }
+
+
+def _mini_batch_counts(batch: RolloutBatch, rows: slice, world_size: int) -> tuple[float, float]:
+    tokens = global_sum(batch.response_mask[rows].sum())
+    seqs = float((rows.stop - rows.start) * world_size)
+    return tokens, seqs
+
+
+def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) -> dict[str, float]:
+    """PPO-clip update of the actor on this rank's shard; returns metrics averaged over all ranks."""
+    assert batch.old_logprobs is not None and batch.advantages is not None
+    trainer.model.train()
+    fwd = forward_input(batch)
+    totals = _Totals(cfg.world_size)
+    mini_rows = len(batch) // cfg.mini_batches
+    for _ in range(cfg.ppo_epochs):
+        for mini in range(cfg.mini_batches):
+            span = slice(mini * mini_rows, (mini + 1) * mini_rows)
+            global_tokens, global_seqs = _mini_batch_counts(batch, span, cfg.world_size)
+            share: dict[str, Any] = {
+                "global_tokens": global_tokens,
+                "global_seqs": global_seqs,
+                "max_response_length": cfg.max_response_length,
+            }
+            shares: dict[str, float] = {"actor/loss": 0.0, "actor/kl_loss": 0.0, "actor/entropy": 0.0}
+            for micro in micro_batches(mini_rows, cfg.micro_batch_size):
+                rows = slice(span.start + micro.start, span.start + micro.stop)
+                mask = batch.response_mask[rows]  # (m, R)
+                logprobs, entropy = trainer.response_logprobs(
+                    fwd, rows, cfg.temperature, with_entropy=cfg.entropy_coef > 0
+                )  # (m, R)
+                loss, metrics = ppo_clip_loss(
+                    logprobs,
+                    batch.old_logprobs[rows],
+                    batch.advantages[rows],
+                    mask,
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    dual_clip_c=cfg.dual_clip_c,
+                    aggregation=cfg.aggregation,
+                    **share,
+                )
+                if cfg.kl_in_loss_coef > 0:
+                    assert batch.ref_logprobs is not None
+                    kl = kl_penalty(logprobs, batch.ref_logprobs[rows], cfg.kl_estimator)  # (m, R)
+                    kl_loss = aggregate_loss(kl, mask, cfg.aggregation, **share)
+                    loss = loss + cfg.kl_in_loss_coef * kl_loss
+                    shares["actor/kl_loss"] += float(kl_loss)
+                if entropy is not None:
+                    entropy_term = aggregate_loss(entropy, mask, cfg.aggregation, **share)
+                    loss = loss - cfg.entropy_coef * entropy_term
+                    shares["actor/entropy"] += float(entropy_term)
+                loss.backward()
+                shares["actor/loss"] += float(loss)
+                for name, metric in metrics.items():
+                    totals.mean(f"actor/{name}", float(metric), float(mask.sum()))
+            step = trainer.optimizer_step()
+            for name, share_value in shares.items():
+                totals.share(name, share_value)
+            totals.same("actor/grad_norm", step["grad_norm"])
+            totals.same("actor/lr", step["lr"])
+    return totals.reduce()
+
+
+def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) -> dict[str, float]:
+    """Clipped value regression toward the returns; same layout and denominators as the actor."""
+    assert batch.values is not None and batch.returns is not None
+    trainer.model.train()
+    fwd = forward_input(batch)
+    totals = _Totals(cfg.world_size)
+    mini_rows = len(batch) // cfg.mini_batches
+    for _ in range(cfg.ppo_epochs):
+        for mini in range(cfg.mini_batches):
+            span = slice(mini * mini_rows, (mini + 1) * mini_rows)
+            global_tokens, global_seqs = _mini_batch_counts(batch, span, cfg.world_size)
+            loss_share = 0.0
+            for micro in micro_batches(mini_rows, cfg.micro_batch_size):
+                rows = slice(span.start + micro.start, span.start + micro.stop)
+                values = trainer._forward_values(fwd, rows)  # (m, R)
+                loss, metrics = value_loss(
+                    values,
+                    batch.values[rows],
+                    batch.returns[rows],
+                    batch.response_mask[rows],
+                    clip=cfg.value_clip,
+                    aggregation=cfg.aggregation,
+                    global_tokens=global_tokens,
+                    global_seqs=global_seqs,
+                    max_response_length=cfg.max_response_length,
+                )
+                loss.backward()
+                loss_share += float(loss)
+                for name, value in metrics.items():
+                    totals.mean(f"critic/{name}", float(value), float(batch.response_mask[rows].sum()))
+            step = trainer.optimizer_step()
+            totals.share("critic/loss", loss_share)
+            totals.same("critic/grad_norm", step["grad_norm"])
+    return totals.reduce()
+
+
+def token_rewards_from_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """The sequence score placed on each response's last valid token."""
+    lengths = response_mask.sum(-1).long().clamp(min=1)  # (N,)
+    rewards = torch.zeros_like(response_mask, dtype=torch.float32)  # (N, R)
+    rewards[torch.arange(len(scores)), lengths - 1] = scores.float()  # (N, R)
+    return rewards * response_mask  # (N, R)

@@ -1,0 +1,195 @@
+"""The worker that holds models: one rank of a worker group, a thin Ray actor over the engines.
+
+A worker hosts the roles its group was given: `actor` (FSDP2 trainer), `rollout` (a generation
+engine beside the actor: the colocated hybrid engine), `reference` (forward only) and `critic`
+(FSDP2 value model). Roles without a pool of their own are colocated in the actor's workers,
+as in verl's ActorRolloutRefWorker.
+"""
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kuberl.api import RLJob, parse_rljob
+from kuberl.runtime.batch import RolloutBatch
+from kuberl.runtime.engines.base import Generation, SamplingParams
+from kuberl.runtime.engines.fsdp import FSDPTrainer
+from kuberl.runtime.updates import UpdateConfig, forward_input, update_critic, update_policy
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    job: dict[str, Any]  # the RLJob manifest
+    roles: tuple[str, ...]  # which of actor, rollout, reference, critic this group hosts
+    model_paths: dict[str, str]  # role -> resolved local model folder
+    tokenizer_path: str
+    master_addr: str
+    master_port: int
+    total_steps: int
+    threads: int = 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class ModelWorker:
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.trainers: dict[str, FSDPTrainer] = {}
+        self.engine: Any = None
+        self.job: RLJob | None = None
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 serves the process group's rendezvous."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, setup: WorkerSetup) -> dict[str, Any]:
+        torch.set_num_threads(max(1, setup.threads))
+        self.job = parse_rljob(setup.job)
+        use_cuda = torch.cuda.is_available() and bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        os.environ.update(MASTER_ADDR=setup.master_addr, MASTER_PORT=str(setup.master_port))
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "nccl" if use_cuda else "gloo", rank=self.rank, world_size=self.world_size, device_id=None
+            )
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer_path)
+        spec = self.job.spec
+        started = time.perf_counter()
+        if "actor" in setup.roles:
+            actor = spec.models.actor
+            self.trainers["actor"] = self._trainer(
+                setup.model_paths["actor"],
+                actor.dtype.value,
+                actor.optim,
+                setup.total_steps,
+                gradient_checkpointing=actor.gradient_checkpointing,
+            )
+        if "reference" in setup.roles:
+            self.trainers["reference"] = self._trainer(setup.model_paths["reference"], "float32", None, 0)
+        if "critic" in setup.roles and spec.models.critic is not None:
+            critic = spec.models.critic
+            self.trainers["critic"] = self._trainer(
+                setup.model_paths["critic"], critic.dtype.value, critic.optim, setup.total_steps, critic=True
+            )
+        if "rollout" in setup.roles:
+            self.engine = self._rollout_engine(setup.model_paths["actor"])
+        return {"rank": self.rank, "device": str(self.device), "seconds": time.perf_counter() - started}
+
+    def _trainer(
+        self,
+        path: str,
+        dtype: str,
+        optim: Any,
+        total_steps: int,
+        *,
+        critic: bool = False,
+        gradient_checkpointing: bool = False,
+    ) -> FSDPTrainer:
+        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+        assert self.job is not None
+        torch.manual_seed(self.job.spec.training.seed)  # a new value head starts the same on every rank
+        kind = AutoModelForTokenClassification if critic else AutoModelForCausalLM
+        extra = {"num_labels": 1} if critic else {}
+        model = kind.from_pretrained(path, dtype=TORCH_DTYPES[dtype], **extra)
+        if optim is None:
+            model.requires_grad_(False)
+        return FSDPTrainer(
+            model,
+            world_size=self.world_size,
+            device=self.device,
+            optim=optim,
+            total_steps=total_steps,
+            gradient_checkpointing=gradient_checkpointing,
+        )
+
+    def _rollout_engine(self, path: str) -> Any:
+        from kuberl.runtime.engines import build_rollout_engine
+
+        assert self.job is not None
+        return build_rollout_engine(self.job.spec, path, self.tokenizer, self.device)
+
+    # -- stages -------------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
+        return self.engine.generate(prompts, params)
+
+    def compute_logprobs(self, batch: RolloutBatch, role: str, temperature: float, micro_batch_size: int) -> Any:
+        return self.trainers[role].logprobs(forward_input(batch), temperature, micro_batch_size)
+
+    def compute_values(self, batch: RolloutBatch, micro_batch_size: int) -> Any:
+        return self.trainers["critic"].values(forward_input(batch), micro_batch_size)
+
+    def update_actor(self, batch: RolloutBatch, config: UpdateConfig) -> dict[str, float]:
+        return update_policy(self.trainers["actor"], batch, config)
+
+    def update_critic(self, batch: RolloutBatch, config: UpdateConfig) -> dict[str, float]:
+        return update_critic(self.trainers["critic"], batch, config)
+
+    def sync_weights(self) -> dict[str, float]:
+        """Load the actor's weights into the colocated engine in place, one gathered tensor at a time."""
+        started = time.perf_counter()
+        loaded = self.engine.load_weights(self.trainers["actor"].full_tensors())
+        return {"sync/bytes": float(loaded), "sync/seconds": time.perf_counter() - started}
+
+    def probe_logprobs(self, prompt: list[int], response: list[int], temperature: float) -> dict[str, list[float]]:
+        """The same response scored by the trainer and by the engine (for rollout.verifySync)."""
+        width = len(prompt)
+        ids = torch.tensor([prompt + response])
+        batch = RolloutBatch(
+            prompt_ids=ids[:, :width],
+            prompt_mask=torch.ones_like(ids[:, :width]),
+            response_ids=ids[:, width:],
+            response_mask=torch.ones_like(ids[:, width:], dtype=torch.float32),
+            group_index=torch.zeros(1).long(),
+        )
+        trainer = self.trainers["actor"].logprobs(forward_input(batch), temperature, 1)[0].tolist()
+        engine = self.engine.response_logprobs(prompt, response, temperature) if self.engine is not None else []
+        return {"trainer": trainer, "engine": engine}
+
+    def export_hf(self, directory: str, source_path: str) -> str | None:
+        return export_actor(self, directory, source_path)
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def model_cache_dir() -> Path:
+    return Path(os.environ.get("KUBERL_CACHE", Path.home() / ".cache" / "kuberl")) / "models"
+
+
+def export_actor(worker: ModelWorker, directory: str, source_path: str) -> str | None:
+    """Gather the actor's full weights on rank 0 and write a Hugging Face model folder there."""
+    from transformers import AutoModelForCausalLM
+
+    state = {}
+    for name, tensor in worker.trainers["actor"].full_tensors():
+        if worker.rank == 0:
+            state[name] = tensor.detach().cpu().clone()
+    if worker.rank != 0:
+        return None
+    model = AutoModelForCausalLM.from_pretrained(source_path)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"export: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+    model.save_pretrained(directory)
+    worker.tokenizer.save_pretrained(directory)
+    return directory

@@ -1,0 +1,167 @@
+"""Fixtures for the operator against a real API server (tests/integration/envtest.py).
+
+`operator` runs one in-process operator for the session (kopf.operator in a thread with its own
+event loop and a stop flag): it watches the `op-*` namespaces the `namespace` fixture hands out,
+resyncs every second, serves the validating webhook on a loopback port and metrics on another.
+The chaos test runs its own operator as a subprocess in a `chaos-*` namespace instead.
+"""
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from kuberl.operator import names
+from kuberl.operator.kube import Kube
+from kuberl.operator.main import Operator, build_operator, serve
+from kuberl.operator.settings import OperatorSettings
+from tests.integration.envtest import ControlPlane, control_plane, free_port, namespace  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+RUNTIME_IMAGE = "registry.test/kuberl-runtime:test"
+
+
+@dataclass
+class RunningOperator:
+    operator: Operator
+    settings: OperatorSettings
+    thread: threading.Thread
+    stop: threading.Event
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Iterator[Kube]:  # noqa: F811 - the fixture of that name
+    client = Kube.from_environment()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def operator(control_plane: ControlPlane) -> Iterator[RunningOperator]:  # noqa: F811
+    settings = OperatorSettings(
+        runtime_image=RUNTIME_IMAGE,
+        resync_seconds=1.0,
+        workers=8,
+        namespaces=("op-*",),
+        metrics_port=free_port(),
+        webhook_port=free_port(),
+        webhook_host="127.0.0.1",
+        webhook_addr="127.0.0.1",
+        webhook_configuration="test.kuberl.io",
+    )
+    built = build_operator(settings)
+    metrics_server = built.metrics.serve(settings.metrics_port or 0, addr="127.0.0.1")
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(
+        target=lambda: asyncio.run(serve(built, stop_flag=stop, ready_flag=ready)), name="operator", daemon=True
+    )
+    thread.start()
+    assert ready.wait(30), "the operator did not start"
+    wait_for(lambda: webhook_configured(control_plane), timeout=30, what="the ValidatingWebhookConfiguration")
+    yield RunningOperator(operator=built, settings=settings, thread=thread, stop=stop)
+    stop.set()
+    thread.join(30)
+    metrics_server.shutdown()
+    built.close()
+
+
+def webhook_configured(cp: ControlPlane) -> bool:
+    path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/test.kuberl.io"
+    try:
+        return bool(cp.request("GET", path).get("webhooks"))
+    except Exception:  # noqa: BLE001 - not there yet
+        return False
+
+
+def wait_for(check: Callable[[], Any], *, timeout: float = 20, what: str = "the condition") -> Any:
+    """Poll until `check()` is truthy; on time-out, fail showing what it last returned."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last seen: {json.dumps(last, default=str)}")
+
+
+def tiny_spec(**changes: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "models": {"actor": {"path": "tiny://demo"}},
+        "data": {"train": "/data/train.jsonl"},
+        "reward": {"function": "tiny_task"},
+        "runPolicy": {"maxRestarts": 1, "backoffSeconds": 0},
+    }
+    spec.update(changes)
+    return spec
+
+
+def rljob_manifest(name: str, ns: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
+
+
+class Cluster:
+    """What the tests do to the cluster: apply RLJobs, play KubeRay, read back."""
+
+    def __init__(self, kube: Kube, ns: str) -> None:
+        self.kube, self.ns = kube, ns
+
+    def create(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.kube.create(names.rljob_path(self.ns), rljob_manifest(name, self.ns, spec))
+
+    def rljob(self, name: str) -> dict[str, Any] | None:
+        return self.kube.get(names.rljob_path(self.ns, name))
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.rljob(name) or {}).get("status") or {}
+
+    def edit_spec(self, name: str, spec_patch: dict[str, Any]) -> None:
+        self.kube.call(
+            "PATCH",
+            names.rljob_path(self.ns, name),
+            body={"spec": spec_patch},
+            content_type="application/merge-patch+json",
+        )
+
+    def rayjobs(self) -> dict[str, dict[str, Any]]:
+        items = self.kube.call("GET", names.rayjob_path(self.ns))["items"]
+        return {item["metadata"]["name"]: item for item in items if not item["metadata"].get("deletionTimestamp")}
+
+    def configmap(self, name: str) -> dict[str, Any] | None:
+        return self.kube.get(names.configmap_path(self.ns, names.configmap_name(name)))
+
+    def kuberay(self, rayjob: str, deployment: str, job_status: str = "", **extra: Any) -> None:
+        """Move a RayJob's status as KubeRay would."""
+        status = {"jobDeploymentStatus": deployment, **({"jobStatus": job_status} if job_status else {}), **extra}
+        self.kube.call(
+            "PATCH",
+            names.rayjob_path(self.ns, rayjob) + "/status",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        items = self.kube.call("GET", names.events_path(self.ns))["items"]
+        return [e for e in items if e["involvedObject"]["name"] == name and e["involvedObject"]["kind"] == "RLJob"]
+
+    def wait_status(self, name: str, timeout: float = 20, **expected: Any) -> dict[str, Any]:
+        def matches() -> dict[str, Any] | None:
+            status = self.status(name)
+            return status if all(status.get(key) == value for key, value in expected.items()) else None
+
+        return wait_for(matches, timeout=timeout, what=f"{name} status {expected}")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def cluster(kube: Kube, namespace: str, operator: RunningOperator) -> Cluster:  # noqa: F811
+    return Cluster(kube, namespace)

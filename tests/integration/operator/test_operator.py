@@ -1,0 +1,251 @@
+"""The operator against a real API server: RLJobs in, RayJobs and ConfigMaps out, status back.
+
+Nothing plays KubeRay but the tests themselves (`cluster.kuberay(...)` writes a RayJob's status
+as KubeRay would); the RayJob CRD is a structural fake (crds/fake-kuberay-rayjob-crd.yaml).
+"""
+
+import json
+import shlex
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+from kuberl.operator import names
+from kuberl.operator.kube import ApiError
+from tests.integration.envtest import ControlPlane
+from tests.integration.operator.conftest import RUNTIME_IMAGE, Cluster, RunningOperator, tiny_spec, wait_for
+
+pytestmark = pytest.mark.integration
+
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def refusal(error: ApiError) -> str:
+    assert error.status == 422
+    return str(json.loads(error.body)["message"])
+
+
+def test_an_rljob_gets_an_owned_rayjob_and_configmap_with_a_worker_group_per_role(cluster: Cluster):
+    spec = tiny_spec(
+        rollout={"mode": "separate"},
+        resources={
+            "actor": {"replicas": 2, "gpus": 8},
+            "rollout": {"replicas": 1, "gpus": 4},
+            "reward": {"replicas": 1, "minReplicas": 1, "maxReplicas": 8},
+        },
+        checkpoint={"pvcClaimName": "ckpt"},
+    )
+    job = cluster.create("tiny-grpo", spec)
+    status = cluster.wait_status("tiny-grpo", phase="Starting", rayJobName="tiny-grpo-0")
+    assert status["observedGeneration"] == 1
+    rayjob = wait_for(lambda: cluster.rayjobs().get("tiny-grpo-0"), what="RayJob tiny-grpo-0")
+    configmap = cluster.configmap("tiny-grpo")
+    assert configmap is not None
+    for child in (rayjob, configmap):
+        assert child["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+        assert child["metadata"]["labels"][names.JOB_LABEL] == "tiny-grpo"
+    cluster_spec = rayjob["spec"]["rayClusterSpec"]
+    groups = {g["groupName"]: g for g in cluster_spec["workerGroupSpecs"]}
+    assert list(groups) == ["actor", "reward", "rollout"]
+    assert groups["actor"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert (groups["reward"]["minReplicas"], groups["reward"]["maxReplicas"]) == (1, 8)
+    assert cluster_spec["enableInTreeAutoscaling"] is True
+    assert cluster_spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == RUNTIME_IMAGE
+    assert shlex.split(rayjob["spec"]["entrypoint"])[:3] == ["python", "-m", "kuberl.runtime"]
+    assert yaml.safe_load(configmap["data"]["rljob.yaml"])["spec"] == spec
+
+
+def test_printer_columns_show_phase_progress_reward_and_restarts(cluster: Cluster, control_plane: ControlPlane):
+    cluster.create("columns", tiny_spec())
+    cluster.wait_status("columns", phase="Starting")
+    cluster.kube.call(  # the runtime's own write (a different field manager)
+        "PATCH",
+        names.rljob_path(cluster.ns, "columns") + "/status",
+        body={"status": {"progress": {"step": 12, "totalSteps": 60}, "metrics": {"rewardMean": 0.75}}},
+        content_type="application/merge-patch+json",
+    )
+    table = control_plane.request("GET", names.rljob_path(cluster.ns, "columns"), accept=TABLE)
+    columns = [column["name"] for column in table["columnDefinitions"]]
+    row = dict(zip(columns, table["rows"][0]["cells"], strict=True))
+    assert (row["Name"], row["Phase"], row["Step"], row["Total"], row["Reward"], row["Restarts"]) == (
+        "columns",
+        "Starting",
+        12,
+        60,
+        0.75,
+        0,
+    )
+
+
+def test_deleting_the_rljob_garbage_collects_its_children(cluster: Cluster):
+    cluster.create("doomed", tiny_spec())
+    wait_for(lambda: "doomed-0" in cluster.rayjobs(), what="RayJob doomed-0")
+    cluster.kube.delete(names.rljob_path(cluster.ns, "doomed"))
+    wait_for(lambda: cluster.rayjobs() == {} and cluster.configmap("doomed") is None, timeout=60, what="GC")
+
+
+def test_the_rljob_follows_its_rayjob_to_success(cluster: Cluster):
+    cluster.create("follow", tiny_spec())
+    wait_for(lambda: "follow-0" in cluster.rayjobs(), what="RayJob follow-0")
+    cluster.kuberay("follow-0", "Initializing")
+    cluster.wait_status("follow", phase="Starting")
+    cluster.kuberay("follow-0", "Running", "RUNNING", dashboardURL="follow-0-head-svc:8265")
+    status = cluster.wait_status("follow", phase="Running")
+    assert status["dashboardUrl"] == "follow-0-head-svc:8265"
+    cluster.kuberay("follow-0", "Complete", "SUCCEEDED")
+    status = cluster.wait_status("follow", phase="Succeeded")
+    assert status["completionTime"]
+    reasons = {event["reason"] for event in cluster.events("follow")}
+    assert {"RayJobCreated", "RayJobRunning", "RayJobSucceeded"} <= reasons
+
+
+def test_a_failure_restarts_from_the_checkpoint_until_max_restarts(cluster: Cluster):
+    cluster.create("flaky", tiny_spec(runPolicy={"maxRestarts": 1, "backoffSeconds": 1}))
+    wait_for(lambda: "flaky-0" in cluster.rayjobs(), what="RayJob flaky-0")
+    cluster.kuberay("flaky-0", "Failed", "FAILED", message="job exited with code 75")
+    cluster.wait_status("flaky", phase="Restarting")
+    restarted = wait_for(lambda: cluster.rayjobs().get("flaky-1"), timeout=10, what="RayJob flaky-1")
+    assert restarted["metadata"]["labels"][names.RESTART_LABEL] == "1"
+    assert shlex.split(restarted["spec"]["entrypoint"])[-1] == "--resume"
+    wait_for(lambda: list(cluster.rayjobs()) == ["flaky-1"], what="flaky-0 deleted")
+    assert cluster.status("flaky")["restarts"] == 1
+    cluster.kuberay("flaky-1", "Failed", "FAILED")
+    status = cluster.wait_status("flaky", phase="Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "MaxRestartsExceeded"
+    assert status["restarts"] == 1
+    assert list(cluster.rayjobs()) == ["flaky-1"]
+    warnings = {e["reason"] for e in cluster.events("flaky") if e["type"] == "Warning"}
+    assert {"BackoffBeforeRestart", "MaxRestartsExceeded"} <= warnings
+
+
+def test_suspend_removes_the_rayjob_and_unsuspend_resumes_in_a_new_one(cluster: Cluster):
+    cluster.create("pausable", tiny_spec())
+    wait_for(lambda: "pausable-0" in cluster.rayjobs(), what="RayJob pausable-0")
+    cluster.edit_spec("pausable", {"runPolicy": {"suspend": True}})
+    cluster.wait_status("pausable", phase="Suspended")
+    wait_for(lambda: cluster.rayjobs() == {}, what="the RayJob removed")
+    assert cluster.configmap("pausable") is not None
+    cluster.edit_spec("pausable", {"runPolicy": {"suspend": False}})
+    cluster.wait_status("pausable", phase="Starting", rayJobName="pausable-1")
+    resumed = wait_for(lambda: cluster.rayjobs().get("pausable-1"), what="RayJob pausable-1")
+    assert "--resume" in resumed["spec"]["entrypoint"]
+    assert cluster.status("pausable")["restarts"] == 0
+
+
+def test_a_safe_spec_change_restarts_the_job_with_the_new_spec(cluster: Cluster):
+    cluster.create("tunable", tiny_spec())
+    wait_for(lambda: "tunable-0" in cluster.rayjobs(), what="RayJob tunable-0")
+    cluster.kuberay("tunable-0", "Running", "RUNNING")
+    cluster.wait_status("tunable", phase="Running")
+    cluster.edit_spec("tunable", {"rollout": {"temperature": 0.5}})
+    cluster.wait_status("tunable", rayJobName="tunable-1", observedGeneration=2)
+    wait_for(lambda: list(cluster.rayjobs()) == ["tunable-1"], what="only tunable-1")
+    configmap = cluster.configmap("tunable")
+    assert configmap is not None
+    assert yaml.safe_load(configmap["data"]["rljob.yaml"])["spec"]["rollout"] == {"temperature": 0.5}
+
+
+def test_an_unsafe_spec_change_is_refused_with_a_condition_and_an_event(cluster: Cluster):
+    cluster.create("stubborn", tiny_spec())
+    wait_for(lambda: "stubborn-0" in cluster.rayjobs(), what="RayJob stubborn-0")
+    cluster.edit_spec("stubborn", {"models": {"actor": {"path": "hf://org/another"}}})
+
+    def refused() -> dict | None:
+        conditions = cluster.status("stubborn").get("conditions", [])
+        return next((c for c in conditions if c["type"] == "SpecChangeRefused" and c["status"] == "True"), None)
+
+    condition = wait_for(refused, what="SpecChangeRefused")
+    assert "spec.models.actor.path" in condition["message"]
+    assert list(cluster.rayjobs()) == ["stubborn-0"]
+    configmap = cluster.configmap("stubborn")
+    assert configmap is not None
+    assert yaml.safe_load(configmap["data"]["rljob.yaml"])["spec"]["models"]["actor"]["path"] == "tiny://demo"
+    wait_for(
+        lambda: any(e["reason"] == "UnsafeSpecChange" for e in cluster.events("stubborn")), what="the Warning event"
+    )
+
+
+def test_the_webhook_refuses_an_invalid_rljob_naming_the_fields(cluster: Cluster):
+    spec = tiny_spec(
+        env=[{"name": "HF_TOKEN", "value": "hf_secret"}],
+        resources={"reward": {"replicas": 1, "minReplicas": 3, "maxReplicas": 2}},
+    )
+    with pytest.raises(ApiError) as refused:
+        cluster.create("bad", spec)
+    message = refusal(refused.value)
+    assert "denied the request" in message
+    assert "spec.env[0].name: HF_TOKEN looks like a credential" in message
+    assert "spec.resources.reward.minReplicas: minReplicas (3) is above maxReplicas (2)" in message
+    assert cluster.rljob("bad") is None
+
+
+def test_the_webhook_refuses_a_cross_field_mistake_the_crd_schema_cannot_see(cluster: Cluster):
+    with pytest.raises(ApiError) as refused:
+        cluster.create("no-critic", tiny_spec(algorithm={"name": "ppo"}))
+    assert "spec.models.critic: advantageEstimator gae (PPO) needs a critic" in refusal(refused.value)
+
+
+def test_the_webhook_refuses_an_invalid_edit(cluster: Cluster):
+    cluster.create("editable", tiny_spec())
+    with pytest.raises(ApiError) as refused:
+        cluster.edit_spec("editable", {"env": [{"name": "API_KEY", "value": "oops"}]})
+    assert "spec.env[0].name:" in refusal(refused.value)
+
+
+def test_the_runtimes_status_fields_survive_the_operators_status_writes(cluster: Cluster):
+    cluster.create("observed", tiny_spec())
+    wait_for(lambda: "observed-0" in cluster.rayjobs(), what="RayJob observed-0")
+    runtime_fields = {
+        "progress": {"step": 5, "totalSteps": 60, "epoch": 0},
+        "metrics": {"rewardMean": 0.5, "kl": 0.01},
+        "lastCheckpoint": {"step": 5, "uri": "/checkpoints/step-5", "time": "2025-01-01T12:00:00Z"},
+    }
+    cluster.kube.call(
+        "PATCH",
+        names.rljob_path(cluster.ns, "observed") + "/status",
+        body={"status": runtime_fields},
+        content_type="application/merge-patch+json",
+    )
+    cluster.kuberay("observed-0", "Running", "RUNNING")
+    status = cluster.wait_status("observed", phase="Running")
+    assert {key: status[key] for key in runtime_fields} == runtime_fields
+    cluster.kuberay("observed-0", "Complete", "SUCCEEDED")
+    status = cluster.wait_status("observed", phase="Succeeded")
+    assert {key: status[key] for key in runtime_fields} == runtime_fields
+    managers = {
+        entry["manager"]
+        for entry in cluster.rljob("observed")["metadata"]["managedFields"]  # type: ignore[index]
+        if entry.get("subresource", "status") == "status" and entry["operation"] == "Apply"
+    }
+    assert managers == {"kuberl-operator"}
+
+
+def test_metrics_are_served(cluster: Cluster, operator: RunningOperator):
+    cluster.create("measured", tiny_spec())
+    cluster.wait_status("measured", phase="Starting")
+    url = f"http://127.0.0.1:{operator.settings.metrics_port}/metrics"
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except urllib.error.URLError as error:  # pragma: no cover - a failure message, not a branch
+        pytest.fail(f"no metrics at {url}: {error}")
+    assert "kuberl_operator_reconciles_total" in text
+    assert 'kuberl_operator_jobs{phase="Starting"}' in text
+
+
+def test_the_active_deadline_fails_the_job_and_deletes_its_rayjob(cluster: Cluster):
+    cluster.create("slow", tiny_spec(runPolicy={"activeDeadlineSeconds": 2}))
+    wait_for(lambda: "slow-0" in cluster.rayjobs(), what="RayJob slow-0")
+    status = cluster.wait_status("slow", phase="Failed", timeout=15)
+    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
+    wait_for(lambda: cluster.rayjobs() == {}, what="the RayJob deleted")
+
+
+def test_a_finished_job_is_deleted_when_its_ttl_is_up(cluster: Cluster):
+    cluster.create("brief", tiny_spec(runPolicy={"ttlSecondsAfterFinished": 1}))
+    wait_for(lambda: "brief-0" in cluster.rayjobs(), what="RayJob brief-0")
+    cluster.kuberay("brief-0", "Complete", "SUCCEEDED")
+    cluster.wait_status("brief", phase="Succeeded")
+    wait_for(lambda: cluster.rljob("brief") is None, timeout=15, what="the RLJob deleted by its TTL")

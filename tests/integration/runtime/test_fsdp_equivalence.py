@@ -1,0 +1,152 @@
+"""A 2-rank FSDP2 update (gloo, CPU, fp32) equals a single-process update of the unsharded batch.
+
+The optimiser is plain SGD here: Adam is invariant to the gradients' scale (its first step is
+about lr * sign(gradient)), so it would hide the bug this test exists for — gradients averaged
+over ranks instead of summed (FSDP2's divide factor is set per FSDP unit; forgetting the
+layers halved their gradients). SGD shows that the sharded gradients, their clipping and the
+update are exactly those of the unsharded batch.
+"""
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from kuberl.api.spec import OptimizerSpec
+from kuberl.runtime.algorithms.losses import ppo_clip_loss
+from kuberl.runtime.batch import RolloutBatch
+from kuberl.runtime.engines.fsdp import FSDPTrainer, position_ids
+from kuberl.runtime.updates import UpdateConfig, update_policy
+
+pytestmark = pytest.mark.integration
+
+N, P, R, VOCAB = 8, 5, 6, 64
+OPTIM = OptimizerSpec(lr=0.5, grad_clip=1.0)
+
+
+def sgd(parameters) -> torch.optim.Optimizer:
+    return torch.optim.SGD(parameters, lr=OPTIM.lr)
+
+
+def tiny_model() -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=64,
+    )
+    return Qwen2ForCausalLM(config).float()
+
+
+def make_batch() -> RolloutBatch:
+    generator = torch.Generator().manual_seed(1)
+    prompt_lengths = torch.tensor([5, 3, 4, 5, 2, 5, 4, 3])
+    response_lengths = torch.tensor([6, 2, 4, 1, 6, 3, 5, 6])
+    prompt_mask = (torch.arange(P)[None, :] >= (P - prompt_lengths)[:, None]).long()  # left padding
+    response_mask = (torch.arange(R)[None, :] < response_lengths[:, None]).float()  # right padding
+    return RolloutBatch(
+        prompt_ids=torch.randint(1, VOCAB, (N, P), generator=generator) * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_ids=torch.randint(1, VOCAB, (N, R), generator=generator) * response_mask.long(),
+        response_mask=response_mask,
+        group_index=torch.arange(N) // 4,
+        old_logprobs=-torch.rand(N, R, generator=generator) * 3 * response_mask,
+        advantages=torch.randn(N, R, generator=generator) * response_mask,
+    )
+
+
+CONFIG = dict(
+    ppo_epochs=1,
+    mini_batches=2,
+    micro_batch_size=2,
+    temperature=1.0,
+    aggregation="seq_mean_token_mean",
+    max_response_length=R,
+    clip_low=0.2,
+    clip_high=0.2,
+    dual_clip_c=3.0,
+)
+
+
+def layout(batch: RolloutBatch, world: int, minis: int) -> RolloutBatch:
+    """As the controller lays rows out: rank r's shard holds its part of each mini-batch in order."""
+    mini_rows = len(batch) // minis
+    part = mini_rows // world
+    return batch.select([m * mini_rows + r * part + i for r in range(world) for m in range(minis) for i in range(part)])
+
+
+def fsdp_rank(rank: int, world: int, port: int, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    trainer = FSDPTrainer(tiny_model(), world_size=world, device=torch.device("cpu"), optim=OPTIM, total_steps=10)
+    trainer.optimizer = sgd(trainer.model.parameters())
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda _: 1.0)
+    shard = layout(make_batch(), world, CONFIG["mini_batches"]).shard(world)[rank]
+    update_policy(trainer, shard, UpdateConfig(world_size=world, **CONFIG))
+    weights = {name: tensor.clone() for name, tensor in trainer.full_tensors()}
+    if rank == 0:
+        torch.save(weights, out)
+    dist.destroy_process_group()
+
+
+def reference_update() -> dict[str, torch.Tensor]:
+    """The same PPO update written plainly: whole mini-batches, no sharding, no FSDP."""
+    model = tiny_model()
+    optimizer = sgd(model.parameters())
+    batch = make_batch()
+    mini_rows = N // CONFIG["mini_batches"]
+    for mini in range(CONFIG["mini_batches"]):
+        rows = slice(mini * mini_rows, (mini + 1) * mini_rows)
+        mask = torch.cat([batch.prompt_mask[rows], batch.response_mask[rows].long()], 1)
+        ids = torch.cat([batch.prompt_ids[rows], batch.response_ids[rows]], 1)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, P - 1 : -1]
+        logprobs = logits.float().log_softmax(-1).gather(-1, batch.response_ids[rows][..., None]).squeeze(-1)
+        loss, _ = ppo_clip_loss(
+            logprobs,
+            batch.old_logprobs[rows],
+            batch.advantages[rows],
+            batch.response_mask[rows],
+            clip_low=0.2,
+            clip_high=0.2,
+            dual_clip_c=3.0,
+            aggregation=CONFIG["aggregation"],
+            max_response_length=R,
+        )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad()
+    return {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_rank_fsdp_update_equals_single_process_reference(tmp_path: Path):
+    out = tmp_path / "fsdp.pt"
+    mp.spawn(fsdp_rank, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    sharded = torch.load(out)
+    reference = reference_update()
+    initial = dict(tiny_model().named_parameters())
+    assert sharded.keys() == reference.keys()
+    moved = max(float((reference[name] - initial[name]).abs().max()) for name in reference)
+    assert moved > 1e-3, "the update must actually move the weights for the comparison to mean anything"
+    for name in reference:
+        torch.testing.assert_close(sharded[name], reference[name], rtol=0, atol=1e-6, msg=name)

@@ -1,0 +1,77 @@
+"""A job that cannot run fails at start — before any Ray actor exists — naming the field or file."""
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from kuberl.runtime.main import run_from_cli
+from tests.integration.runtime.jobs import DEMO
+
+
+def write_job(tmp_path: Path, data_lines: list[str] | None = None, **spec_changes: object) -> Path:
+    manifest = yaml.safe_load(DEMO.read_text())
+    manifest["spec"]["data"]["train"] = str(DEMO.parent / manifest["spec"]["data"]["train"])
+    if data_lines is not None:
+        (tmp_path / "prompts.jsonl").write_text("".join(line + "\n" for line in data_lines))
+        manifest["spec"]["data"]["train"] = "prompts.jsonl"
+    for dotted, value in spec_changes.items():
+        node = manifest["spec"]
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def run_cli(path: Path, tmp_path: Path) -> int:
+    return run_from_cli(argparse.Namespace(spec=str(path), output=str(tmp_path / "out"), address=None))
+
+
+def test_missing_data_file_names_the_field_and_path(tmp_path, capsys):
+    path = write_job(tmp_path, **{"data.train": "nowhere/prompts.jsonl"})
+    assert run_cli(path, tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "data.train" in err and "nowhere/prompts.jsonl" in err
+
+
+def test_empty_dataset_is_refused(tmp_path, capsys):
+    assert run_cli(write_job(tmp_path, data_lines=[]), tmp_path) == 1
+    assert "prompts.jsonl" in capsys.readouterr().err
+
+
+def test_prompt_over_the_limit_names_the_record_and_the_limit(tmp_path, capsys):
+    lines = [json.dumps({"prompt": "count: 1 2 3"})] * 10 + [json.dumps({"prompt": "count: " + " ".join(["7"] * 80)})]
+    assert run_cli(write_job(tmp_path, data_lines=lines), tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "maxPromptLength" in err and "10" in err  # the record's index
+
+
+def test_unknown_algorithm_is_refused_listing_the_known_ones(tmp_path, capsys):
+    path = write_job(tmp_path, **{"algorithm.name": "grpoo"})
+    assert run_cli(path, tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "spec.algorithm.name" in err and "'grpo'" in err
+
+
+def test_missing_model_folder_names_the_field(tmp_path, capsys):
+    path = write_job(tmp_path, **{"models.actor.path": str(tmp_path / "no-model")})
+    assert run_cli(path, tmp_path) == 1
+    assert "spec.models.actor.path" in capsys.readouterr().err
+
+
+def test_batch_that_cannot_be_split_over_the_ranks_is_refused(tmp_path, capsys):
+    path = write_job(tmp_path, **{"algorithm.groupSize": 3, "data.batchSize": 3})
+    assert run_cli(path, tmp_path) == 1
+    assert "spec.algorithm.miniBatchSize" in capsys.readouterr().err
+
+
+def test_nothing_is_started_or_written_before_the_checks(tmp_path):
+    path = write_job(tmp_path, **{"data.train": "nowhere.jsonl"})
+    import ray
+
+    run_cli(path, tmp_path)
+    assert not ray.is_initialized()

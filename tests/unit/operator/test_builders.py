@@ -1,0 +1,242 @@
+"""The RayJob and ConfigMap builders: pure functions of the parsed RLJob, checked field by field."""
+
+import json
+import shlex
+from typing import Any
+
+import pytest
+import yaml
+
+from kuberl.api import parse_rljob
+from kuberl.operator import names
+from kuberl.operator.builders import (
+    Owner,
+    build_configmap,
+    build_rayjob,
+    configmap_spec,
+    entrypoint,
+    runtime_args,
+)
+from tests.unit.operator.conftest import UID, base_spec, make_rljob
+
+OWNER = Owner(name="tiny-grpo", namespace="team-a", uid=UID)
+
+
+def rayjob_for(spec_change: dict[str, Any] | None = None, index: int = 0, image: str = "default/image:1") -> dict:
+    spec = base_spec()
+    spec.update(spec_change or {})
+    job = parse_rljob(make_rljob(spec))
+    return build_rayjob(job, OWNER, index, default_image=image, generation=3)
+
+
+def groups(rayjob: dict) -> dict[str, dict]:
+    return {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+
+
+def all_pod_specs(rayjob: dict) -> list[dict]:
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    return [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in groups(rayjob).values()]
+
+
+def container(group: dict) -> dict:
+    return group["template"]["spec"]["containers"][0]
+
+
+def test_the_rayjob_is_named_by_job_and_index():
+    assert rayjob_for(index=2)["metadata"]["name"] == "tiny-grpo-2"
+
+
+def test_a_job_without_extra_pools_has_one_worker_group_for_the_actor():
+    assert list(groups(rayjob_for())) == ["actor"]
+
+
+def test_each_role_with_a_pool_gets_its_own_worker_group_actor_first():
+    spec = {
+        "models": {"actor": {"path": "hf://org/actor"}, "critic": {}},
+        "algorithm": {"name": "ppo"},
+        "rollout": {"mode": "separate"},
+        "resources": {
+            "actor": {"replicas": 2, "gpus": 8},
+            "critic": {"replicas": 1, "gpus": 4},
+            "reference": {"replicas": 1, "gpus": 2},
+            "reward": {"replicas": 2, "cpus": 4},
+            "rollout": {"replicas": 3, "gpus": 1},
+        },
+    }
+    assert list(groups(rayjob_for(spec))) == ["actor", "critic", "reference", "reward", "rollout"]
+
+
+def test_gpus_become_nvidia_gpu_limits_and_requests():
+    actor = groups(rayjob_for({"resources": {"actor": {"gpus": 8, "cpus": 32, "memory": "256Gi"}}}))["actor"]
+    resources = container(actor)["resources"]
+    assert resources["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8}
+    assert resources["requests"] == resources["limits"]
+
+
+def test_a_cpu_only_role_asks_for_no_gpu():
+    actor = groups(rayjob_for({"resources": {"actor": {"cpus": 0.5}}}))["actor"]
+    assert container(actor)["resources"]["limits"] == {"cpu": "500m"}
+
+
+def test_node_selector_and_tolerations_reach_the_role_pods_only():
+    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    spec = {
+        "rollout": {"mode": "separate"},
+        "resources": {
+            "actor": {"nodeSelector": {"gpu": "h100"}, "tolerations": tolerations},
+            "rollout": {"replicas": 1},
+        },
+    }
+    built = groups(rayjob_for(spec))
+    assert built["actor"]["template"]["spec"]["nodeSelector"] == {"gpu": "h100"}
+    assert built["actor"]["template"]["spec"]["tolerations"] == tolerations
+    assert "nodeSelector" not in built["rollout"]["template"]["spec"]
+    assert "tolerations" not in built["rollout"]["template"]["spec"]
+
+
+def test_a_fixed_pool_has_min_and_max_equal_to_replicas_and_no_autoscaler():
+    rayjob = rayjob_for({"resources": {"actor": {"replicas": 3}}})
+    actor = groups(rayjob)["actor"]
+    assert (actor["replicas"], actor["minReplicas"], actor["maxReplicas"]) == (3, 3, 3)
+    assert rayjob["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is False
+
+
+def test_an_elastic_reward_pool_gets_its_bounds_and_turns_on_in_tree_autoscaling():
+    rayjob = rayjob_for({"resources": {"reward": {"replicas": 2, "minReplicas": 1, "maxReplicas": 16}}})
+    reward = groups(rayjob)["reward"]
+    assert (reward["replicas"], reward["minReplicas"], reward["maxReplicas"]) == (2, 1, 16)
+    assert rayjob["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is True
+
+
+def test_each_worker_group_offers_a_custom_ray_resource_of_its_own_in_kuberays_quoted_json():
+    built = groups(rayjob_for({"resources": {"reward": {"replicas": 1}}}))
+    # KubeRay wants the JSON object inside a quoted string: YAML '"{\"kuberl_actor\": 1000}"'.
+    assert built["actor"]["rayStartParams"]["resources"] == '"{\\"kuberl_actor\\": 1000}"'
+    assert json.loads(json.loads(built["reward"]["rayStartParams"]["resources"])) == {"kuberl_reward": 1000}
+
+
+def test_the_entrypoint_runs_the_runtime_on_the_mounted_spec():
+    assert shlex.split(rayjob_for()["spec"]["entrypoint"]) == [
+        "python",
+        "-m",
+        "kuberl.runtime",
+        "--spec",
+        "/etc/kuberl/rljob.yaml",
+    ]
+
+
+def test_a_rayjob_after_the_first_resumes_from_the_checkpoint():
+    rayjob = rayjob_for(index=1)
+    assert shlex.split(rayjob["spec"]["entrypoint"])[-1] == "--resume"
+    assert rayjob["metadata"]["labels"][names.RESTART_LABEL] == "1"
+    assert rayjob["metadata"]["annotations"][names.RESTART_LABEL] == "1"
+
+
+def test_the_entrypoint_is_the_shell_quoted_argument_list():
+    for resume in (False, True):
+        assert shlex.split(entrypoint(resume)) == runtime_args(resume)
+
+
+@pytest.mark.parametrize("hostile", ["$(rm -rf /)", "a b", "it's", '"; echo pwned', "`id`", "x\ny"])
+def test_env_values_reach_the_pods_as_env_entries_and_never_the_entrypoint(hostile: str):
+    rayjob = rayjob_for({"env": [{"name": "GREETING", "value": hostile}]})
+    assert hostile not in rayjob["spec"]["entrypoint"]
+    for spec in all_pod_specs(rayjob):
+        assert {"name": "GREETING", "value": hostile} in spec["containers"][0]["env"]
+
+
+def test_shutdown_after_the_job_finishes():
+    assert rayjob_for()["spec"]["shutdownAfterJobFinishes"] is True
+
+
+def test_the_checkpoint_claim_is_mounted_at_checkpoints_in_every_pod():
+    rayjob = rayjob_for({"checkpoint": {"pvcClaimName": "ckpt"}, "resources": {"reward": {"replicas": 1}}})
+    for spec in all_pod_specs(rayjob):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+        assert volumes[mounts["/checkpoints"]]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+
+
+def test_without_a_claim_no_checkpoint_volume_is_mounted():
+    for spec in all_pod_specs(rayjob_for()):
+        assert all(m["mountPath"] != "/checkpoints" for m in spec["containers"][0]["volumeMounts"])
+
+
+def test_the_spec_configmap_is_mounted_in_every_pod():
+    for spec in all_pod_specs(rayjob_for()):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+        assert volumes[mounts["/etc/kuberl"]]["configMap"] == {"name": "tiny-grpo-spec"}
+
+
+def test_secret_refs_become_env_from_in_every_pod():
+    rayjob = rayjob_for({"secretRefs": ["hf-token", "wandb"], "checkpoint": {"secretRef": "s3-creds"}})
+    for spec in all_pod_specs(rayjob):
+        assert spec["containers"][0]["envFrom"] == [
+            {"secretRef": {"name": "hf-token"}},
+            {"secretRef": {"name": "wandb"}},
+            {"secretRef": {"name": "s3-creds"}},
+        ]
+
+
+def test_the_image_defaults_to_the_operators_setting():
+    for spec in all_pod_specs(rayjob_for(image="ghcr.io/kuberl/runtime:0.1.0")):
+        assert spec["containers"][0]["image"] == "ghcr.io/kuberl/runtime:0.1.0"
+
+
+def test_spec_image_overrides_the_default():
+    for spec in all_pod_specs(rayjob_for({"image": "my.registry/rl:7"})):
+        assert spec["containers"][0]["image"] == "my.registry/rl:7"
+
+
+def test_a_pod_template_override_merges_containers_by_name_and_adds_the_rest():
+    override = {
+        "metadata": {"annotations": {"team": "rl"}},
+        "spec": {
+            "priorityClassName": "high",
+            "containers": [
+                {"name": "ray-worker", "env": [{"name": "NCCL_DEBUG", "value": "INFO"}]},
+                {"name": "sidecar", "image": "busybox"},
+            ],
+        },
+    }
+    actor = groups(rayjob_for({"resources": {"actor": {"podTemplate": override}}}))["actor"]
+    template = actor["template"]
+    assert template["metadata"]["annotations"] == {"team": "rl"}
+    assert template["metadata"]["labels"][names.JOB_LABEL] == "tiny-grpo"
+    assert template["spec"]["priorityClassName"] == "high"
+    assert [c["name"] for c in template["spec"]["containers"]] == ["ray-worker", "sidecar"]
+    worker = template["spec"]["containers"][0]
+    assert {"name": "NCCL_DEBUG", "value": "INFO"} in worker["env"]
+    assert {"name": "KUBERL_ROLE", "value": "actor"} in worker["env"]
+    assert worker["image"] == "default/image:1"
+
+
+def test_children_are_owned_by_the_rljob_and_labelled_with_its_name():
+    rayjob = rayjob_for()
+    configmap = build_configmap(OWNER, base_spec(), generation=3)
+    for child in (rayjob, configmap):
+        assert child["metadata"]["labels"][names.JOB_LABEL] == "tiny-grpo"
+        (reference,) = child["metadata"]["ownerReferences"]
+        assert reference == {
+            "apiVersion": "kuberl.io/v1alpha1",
+            "kind": "RLJob",
+            "name": "tiny-grpo",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def test_the_configmap_holds_an_rljob_manifest_the_runtime_can_parse():
+    configmap = build_configmap(OWNER, base_spec(), generation=3)
+    assert configmap["metadata"]["name"] == "tiny-grpo-spec"
+    manifest = yaml.safe_load(configmap["data"]["rljob.yaml"])
+    assert parse_rljob(manifest).metadata.name == "tiny-grpo"
+    assert configmap_spec(configmap) == base_spec()
+
+
+def test_configmap_spec_of_nothing_or_garbage_is_none():
+    assert configmap_spec(None) is None
+    assert configmap_spec({"data": {"rljob.yaml": ": : not yaml ["}}) is None
+    assert configmap_spec({"data": {}}) is None

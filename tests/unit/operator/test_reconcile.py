@@ -1,0 +1,144 @@
+"""The I/O pass and its queue, with a fake API server: the order of writes and the coalescing of triggers."""
+
+import asyncio
+import threading
+from typing import Any
+
+from kuberl.operator import names
+from kuberl.operator.decide import Decision
+from kuberl.operator.kube import ApiError
+from kuberl.operator.metrics import OperatorMetrics
+from kuberl.operator.reconcile import ReconcileQueue, Reconciler
+from kuberl.operator.status import OperatorStatus
+from tests.unit.operator.conftest import SETTINGS, at, make_rljob
+
+JOB = names.rljob_path("team-a", "tiny-grpo")
+
+
+class FakeKube:
+    """Records every call; holds one RLJob and whatever was applied."""
+
+    def __init__(self, conflicts: int = 0) -> None:
+        self.rljob: dict[str, Any] | None = make_rljob()
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.conflicts = conflicts
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        self.calls.append(("GET", path))
+        return self.rljob if path == JOB else self.objects.get(path)
+
+    def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        self.calls.append(("LIST", path))
+        return [o for p, o in self.objects.items() if p.startswith(path + "/")]
+
+    def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("APPLY", path))
+        if path.endswith("/status"):
+            if self.conflicts:
+                self.conflicts -= 1
+                raise ApiError(409, "Conflict")
+            assert self.rljob is not None
+            self.rljob = {**self.rljob, "status": body["status"]}
+        else:
+            self.objects[path] = body
+        return body
+
+    def delete(self, path: str, *, uid: str | None = None) -> bool:
+        self.calls.append(("DELETE", path))
+        return self.objects.pop(path, None) is not None
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("CREATE", path))
+        return body
+
+
+def reconciler(kube: FakeKube) -> Reconciler:
+    return Reconciler(kube, SETTINGS, OperatorMetrics(), clock=lambda: at(0))  # type: ignore[arg-type]
+
+
+def writes(kube: FakeKube) -> list[tuple[str, str]]:
+    return [call for call in kube.calls if call[0] != "GET" and call[0] != "LIST"]
+
+
+def test_the_status_naming_the_rayjob_is_written_before_anything_is_created():
+    kube = FakeKube()
+    reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert writes(kube) == [
+        ("APPLY", JOB + "/status"),
+        ("APPLY", names.configmap_path("team-a", "tiny-grpo-spec")),
+        ("APPLY", names.rayjob_path("team-a", "tiny-grpo-0")),
+        ("CREATE", names.events_path("team-a")),
+    ]
+
+
+def test_a_write_conflict_reruns_the_pass_on_fresh_data():
+    kube = FakeKube(conflicts=1)
+    decision = reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert decision is not None and decision.status.ray_job_name == "tiny-grpo-0"
+    assert [call for call in kube.calls if call == ("GET", JOB)] == [("GET", JOB), ("GET", JOB)]
+    assert names.rayjob_path("team-a", "tiny-grpo-0") in kube.objects
+
+
+def test_a_gone_rljob_is_a_pass_that_does_nothing():
+    kube = FakeKube()
+    kube.rljob = None
+    assert reconciler(kube).run_pass("team-a", "tiny-grpo") is None
+    assert writes(kube) == []
+
+
+def test_the_pass_counts_in_the_metrics():
+    kube = FakeKube()
+    rec = reconciler(kube)
+    rec.run_pass("team-a", "tiny-grpo")
+    assert rec.metrics.registry.get_sample_value("kuberl_operator_reconciles_total") == 1
+    assert rec.metrics.registry.get_sample_value("kuberl_operator_jobs", {"phase": "Starting"}) == 1
+
+
+class BlockingReconciler:
+    """A pass that waits for the test to let it finish, counting how often it ran."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.release = threading.Event()
+
+    def run_pass(self, namespace: str, name: str) -> Decision:
+        self.passes += 1
+        self.release.wait(5)
+        return Decision(status=OperatorStatus(), write_status=False)
+
+
+def test_triggers_during_a_pass_make_exactly_one_more_pass():
+    blocking = BlockingReconciler()
+    queue = ReconcileQueue(blocking, workers=2)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        first = asyncio.create_task(queue.trigger("ns", "job"))
+        await asyncio.sleep(0.05)
+        await asyncio.gather(*(queue.trigger("ns", "job") for _ in range(5)))  # return at once: coalesced
+        blocking.release.set()
+        await first
+
+    asyncio.run(scenario())
+    queue.close()
+    assert blocking.passes == 2
+
+
+def test_a_decisions_requeue_after_schedules_the_next_pass():
+    class Requeueing(BlockingReconciler):
+        def run_pass(self, namespace: str, name: str) -> Decision:
+            self.passes += 1
+            return Decision(
+                status=OperatorStatus(), write_status=False, requeue_after=0.05 if self.passes == 1 else None
+            )
+
+    requeueing = Requeueing()
+    queue = ReconcileQueue(requeueing, workers=1)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        await queue.trigger("ns", "job")
+        await asyncio.sleep(0.3)
+
+    asyncio.run(scenario())
+    queue.close()
+    assert requeueing.passes == 2

@@ -1,0 +1,21 @@
+"""Operator settings from flags and environment variables."""
+
+from kuberl import __version__
+from kuberl.operator.settings import OperatorSettings
+
+
+def test_the_default_runtime_image_carries_the_kuberl_version():
+    assert OperatorSettings.from_env({}).runtime_image == f"ghcr.io/kuberl/runtime:{__version__}"
+
+
+def test_environment_variables_override_the_defaults():
+    settings = OperatorSettings.from_env(
+        {"KUBERL_RUNTIME_IMAGE": "my/runtime:2", "KUBERL_RESYNC_SECONDS": "2.5", "KUBERL_WEBHOOK_CONFIGURATION": ""},
+        namespaces=["a", "b"],
+        metrics_port=9100,
+    )
+    assert settings.runtime_image == "my/runtime:2"
+    assert settings.resync_seconds == 2.5
+    assert settings.namespaces == ("a", "b")
+    assert settings.metrics_port == 9100
+    assert settings.webhook_configuration is None

@@ -1,0 +1,101 @@
+"""KubeRay's status folded into the operator's four states, and conditions that keep their transition time."""
+
+import pytest
+
+from kuberl.api.enums import ConditionReason, ConditionType, Phase
+from kuberl.operator.status import (
+    OperatorStatus,
+    RayJobState,
+    flipped,
+    rayjob_message,
+    rayjob_state,
+    set_condition,
+)
+from tests.unit.operator.conftest import at
+
+S, R, OK, F = RayJobState.STARTING, RayJobState.RUNNING, RayJobState.SUCCEEDED, RayJobState.FAILED
+
+
+@pytest.mark.parametrize(
+    ("deployment", "job", "state"),
+    [
+        ("", "", S),
+        ("New", "", S),
+        ("Initializing", "", S),
+        ("Waiting", "", S),
+        ("Retrying", "", S),
+        ("Suspending", "", S),
+        ("Suspended", "", S),
+        ("Running", "PENDING", S),
+        ("Running", "", R),
+        ("Running", "RUNNING", R),
+        ("Complete", "SUCCEEDED", OK),
+        ("Complete", "FAILED", F),
+        ("Complete", "STOPPED", F),
+        ("Failed", "", F),
+        ("Failed", "RUNNING", F),
+        ("Running", "FAILED", F),
+    ],
+)
+def test_rayjob_state(deployment: str, job: str, state: RayJobState):
+    assert rayjob_state({"status": {"jobDeploymentStatus": deployment, "jobStatus": job}}) == state
+
+
+def test_a_rayjob_without_status_is_starting():
+    assert rayjob_state({"metadata": {"name": "x"}}) == S
+
+
+def test_rayjob_message_joins_kuberays_reason_and_message():
+    assert rayjob_message({"status": {"reason": "AppFailed", "message": "exit code 75"}}) == "AppFailed: exit code 75"
+    assert rayjob_message({"status": {}}) == ""
+
+
+def test_a_new_condition_takes_the_current_time():
+    (condition,) = set_condition((), ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, "up", at(0))
+    assert condition == {
+        "type": "Running",
+        "status": "True",
+        "reason": "RayJobRunning",
+        "message": "up",
+        "lastTransitionTime": "2025-01-01T12:00:00Z",
+    }
+
+
+def test_last_transition_time_stays_when_only_reason_or_message_change():
+    first = set_condition((), ConditionType.RESTARTING, True, ConditionReason.BACKOFF, "a", at(0))
+    later = set_condition(first, ConditionType.RESTARTING, True, ConditionReason.BACKOFF, "b", at(60))
+    assert later[0]["lastTransitionTime"] == "2025-01-01T12:00:00Z"
+    assert later[0]["message"] == "b"
+
+
+def test_last_transition_time_moves_when_the_status_flips():
+    first = set_condition((), ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, "", at(0))
+    later = set_condition(first, ConditionType.RUNNING, False, ConditionReason.RAYJOB_FAILED, "", at(60))
+    assert later[0]["lastTransitionTime"] == "2025-01-01T12:01:00Z"
+
+
+def test_setting_one_condition_keeps_the_others_and_their_order():
+    conditions = set_condition((), ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "", at(0))
+    conditions = set_condition(conditions, ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, "", at(1))
+    conditions = set_condition(conditions, ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "x", at(2))
+    assert [c["type"] for c in conditions] == ["Created", "Running"]
+
+
+def test_flipped_lists_new_conditions_and_status_changes_only():
+    before = set_condition((), ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "", at(0))
+    after = set_condition(before, ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "new text", at(1))
+    after = set_condition(after, ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, "", at(1))
+    assert [c["type"] for c in flipped(before, after)] == ["Running"]
+
+
+def test_operator_status_round_trips_and_leaves_out_what_is_unset():
+    status = OperatorStatus(phase=Phase.RUNNING, ray_job_name="j-0", restarts=1, observed_generation=2)
+    wire = status.to_status()
+    assert wire == {"phase": "Running", "conditions": [], "observedGeneration": 2, "rayJobName": "j-0", "restarts": 1}
+    assert OperatorStatus.from_status(wire) == status
+
+
+def test_operator_status_ignores_the_runtimes_fields_and_unknown_phases():
+    status = OperatorStatus.from_status({"phase": "Exploded", "progress": {"step": 3}, "metrics": {"kl": 0.1}})
+    assert status.phase == Phase.PENDING
+    assert "progress" not in status.to_status()

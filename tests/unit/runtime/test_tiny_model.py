@@ -1,0 +1,234 @@
+"""tiny:// models: complete Hugging Face folders, built deterministically, resolved into a cache."""
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from kuberl.runtime.models import resolve as resolve_module
+from kuberl.runtime.models.resolve import ModelNotFoundError, resolve_model_path, tiny_model_dir
+from kuberl.runtime.models.tiny import TINY_MODELS, build_tiny_model
+from kuberl.runtime.rewards.builtin import tiny_task
+
+FIELD = "spec.models.actor.path"
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model("demo", tmp_path_factory.mktemp("tiny") / "demo")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_dir: Path):
+    return AutoTokenizer.from_pretrained(demo_dir)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_demo_folder_holds_a_complete_hugging_face_model(demo_dir: Path) -> None:
+    names = {path.name for path in demo_dir.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    } <= names
+
+
+def test_tokenizer_round_trips_text_exactly(tokenizer) -> None:
+    text = "count: 3 4 5\nThe answer is <answer>12</answer>  ok?"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+
+
+def test_special_tokens_are_eos_pad_and_chatml(tokenizer) -> None:
+    assert tokenizer.eos_token == tokenizer.pad_token == "<|endoftext|>"
+    assert tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [1, 2]
+
+
+def test_numbers_0_to_99_after_a_space_are_one_token_each(tokenizer) -> None:
+    multi_token = [n for n in range(100) if len(tokenizer(f" {n}")["input_ids"]) != 1]
+    assert multi_token == []
+
+
+def test_chat_template_renders_chatml_with_a_generation_prompt(tokenizer) -> None:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_demo_model_loads_with_about_a_million_tied_parameters(demo_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(demo_dir)
+    parameters = sum(p.numel() for p in model.parameters())  # tied: the LM head is the embedding
+    assert 0.8e6 < parameters < 1.5e6
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.config.hidden_size // model.config.num_attention_heads >= 32  # vLLM CPU attention minimum
+
+
+def test_demo_model_generates_after_a_prompt(demo_dir: Path, tokenizer) -> None:
+    model = AutoModelForCausalLM.from_pretrained(demo_dir)
+    inputs = tokenizer(["count: 3 4 5"], return_tensors="pt")
+    output = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert output.shape[1] <= inputs["input_ids"].shape[1] + 4
+
+
+def test_small_model_has_about_25_million_parameters(tmp_path: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model("small", tmp_path / "small"))
+    assert 20e6 < sum(p.numel() for p in model.parameters()) < 30e6
+
+
+def test_reward_demo_is_a_one_label_classifier_with_the_demo_tokenizer(tmp_path: Path, demo_dir: Path) -> None:
+    folder = build_tiny_model("reward-demo", tmp_path / "reward")
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    assert model.config.num_labels == 1
+    assert model.config.pad_token_id == 0
+    assert (folder / "tokenizer.json").read_bytes() == (demo_dir / "tokenizer.json").read_bytes()
+
+
+def test_two_builds_are_byte_identical(tmp_path: Path, demo_dir: Path) -> None:
+    again = build_tiny_model("demo", tmp_path / "again")
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert sha256(again / name) == sha256(demo_dir / name), name
+
+
+def test_a_build_in_another_process_is_byte_identical(tmp_path: Path, demo_dir: Path) -> None:
+    # Another process has another string-hash seed: the tokenizer trainer must not depend on it.
+    code = (
+        "from pathlib import Path; from kuberl.runtime.models.tiny import build_tiny_model; "
+        f"build_tiny_model('demo', Path({str(tmp_path / 'other')!r}))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert sha256(tmp_path / "other" / name) == sha256(demo_dir / name), name
+
+
+def test_different_names_get_different_weights(tmp_path: Path, demo_dir: Path) -> None:
+    reward = build_tiny_model("reward-demo", tmp_path / "reward")
+    assert sha256(reward / "model.safetensors") != sha256(demo_dir / "model.safetensors")
+
+
+def test_a_build_leaves_the_global_torch_rng_as_it_was(tmp_path: Path) -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_tiny_model("demo", tmp_path / "demo")
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+def test_random_demo_model_scores_clearly_above_zero_on_the_demo_task(demo_dir: Path, tokenizer) -> None:
+    # A random model must earn some reward for GRPO to have a gradient at step 0: measured ~0.08-0.10.
+    model = AutoModelForCausalLM.from_pretrained(demo_dir)
+    samples = [{"prompt": f"count: {a} {a + 1} {a + 2}", "answer": f"{a + 3} {a + 4} {a + 5}"} for a in range(8)]
+    inputs = tokenizer([s["prompt"] for s in samples for _ in range(8)], return_tensors="pt")  # (64, 5)
+    torch.manual_seed(0)
+    output = model.generate(**inputs, max_new_tokens=12, do_sample=True)  # (64, 5 + <=12)
+    texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    scores = [tiny_task(text, samples[i // 8])[0] for i, text in enumerate(texts)]
+    assert sum(scores) / len(scores) > 0.04
+
+
+# ----------------------------------------------------------------------------- resolve_model_path
+
+
+def test_tiny_uri_is_built_once_into_the_cache(tmp_path: Path) -> None:
+    folder = resolve_model_path("tiny://demo", tmp_path, FIELD)
+    assert folder == tiny_model_dir("demo", tmp_path)
+    assert folder.parent == tmp_path / "tiny" and folder.name.startswith("demo-")
+    written = (folder / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model_path("tiny://demo", tmp_path, FIELD) == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == written
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no staging folder left behind
+
+
+def test_a_concurrent_builder_that_finished_first_wins(tmp_path: Path, demo_dir: Path) -> None:
+    target = tmp_path / "tiny" / "demo-x"
+
+    def fill_while_another_worker_finishes(staging: Path) -> None:
+        build_tiny_model("demo", staging)
+        build_tiny_model("demo", target)  # the other worker's rename lands first
+        (target / "winner").write_text("")
+
+    assert resolve_module._materialise(target, fill_while_another_worker_finishes) == target
+    assert (target / "winner").exists()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["demo-x"]
+
+
+def test_unknown_tiny_model_lists_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(
+        ModelNotFoundError, match=r"spec\.models\.actor\.path: unknown tiny model tiny://huge.*tiny://demo"
+    ):
+        resolve_model_path("tiny://huge", tmp_path, FIELD)
+
+
+def test_local_folder_is_used_in_place(demo_dir: Path, tmp_path: Path) -> None:
+    assert resolve_model_path(str(demo_dir), tmp_path, FIELD) == demo_dir
+    assert resolve_model_path(f"file://{demo_dir}", tmp_path, FIELD) == demo_dir
+
+
+def test_missing_local_folder_names_the_field_and_the_path(tmp_path: Path) -> None:
+    with pytest.raises(
+        ModelNotFoundError, match=r"spec\.models\.critic\.path: model folder /no/such/model does not exist"
+    ):
+        resolve_model_path("/no/such/model", tmp_path, "spec.models.critic.path")
+
+
+def test_folder_without_config_json_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "weights").mkdir()
+    with pytest.raises(ModelNotFoundError, match=r"spec\.models\.actor\.path: .*weights has no config\.json"):
+        resolve_model_path(str(tmp_path / "weights"), tmp_path, FIELD)
+
+
+def test_model_not_found_is_a_value_error() -> None:
+    assert issubclass(ModelNotFoundError, ValueError)
+
+
+def test_unreachable_hub_says_to_mount_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    def offline(**_: object) -> str:
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(
+        ModelNotFoundError, match=r"spec\.models\.actor\.path: cannot download hf://org/model.*unreachable.*Mount"
+    ):
+        resolve_model_path("hf://org/model", tmp_path, FIELD)
+
+
+def test_s3_without_s3fs_says_what_to_install(tmp_path: Path) -> None:
+    pytest.importorskip("fsspec")
+    try:
+        import s3fs  # noqa: F401
+
+        pytest.skip("s3fs is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ModelNotFoundError, match=r"spec\.reward\.model\.path: reading s3://bucket/model needs s3fs"):
+        resolve_model_path("s3://bucket/model", tmp_path, "spec.reward.model.path")
+
+
+def test_object_store_model_is_copied_into_the_cache(tmp_path: Path, demo_dir: Path, monkeypatch) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    # memory:// stands in for s3://: the same fsspec calls, no credentials, no network.
+    memory = fsspec.filesystem("memory")
+    for file in demo_dir.iterdir():
+        memory.pipe(f"/bucket/demo/{file.name}", file.read_bytes())
+    real_url_to_fs = fsspec.core.url_to_fs
+    monkeypatch.setattr(fsspec.core, "url_to_fs", lambda uri: real_url_to_fs(uri.replace("s3://", "memory://")))
+    folder = resolve_model_path("s3://bucket/demo", tmp_path, FIELD)
+    assert folder == tmp_path / "s3" / "bucket" / "demo"
+    assert sha256(folder / "model.safetensors") == sha256(demo_dir / "model.safetensors")
+    memory.rm("/bucket", recursive=True)
+
+
+def test_each_tiny_model_has_its_own_cache_folder(tmp_path: Path) -> None:
+    folders = [tiny_model_dir(name, tmp_path) for name in TINY_MODELS]
+    assert len(set(folders)) == len(TINY_MODELS)
+    assert all(folder.name.startswith(f"{name}-") for name, folder in zip(TINY_MODELS, folders, strict=True))
