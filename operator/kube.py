@@ -35,9 +35,11 @@ def load_configuration(pool_size: int = 16) -> Configuration:
     """
     configuration = Configuration()
     try:
-        kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call,unused-ignore]
+            client_configuration=configuration
+        )
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call,unused-ignore]
             config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
         )
     configuration.connection_pool_maxsize = pool_size
@@ -75,7 +77,7 @@ class Kube:
         return cls(ApiClient(load_configuration(pool_size)))
 
     def close(self) -> None:
-        self.api.close()  # type: ignore[no-untyped-call]
+        self.api.close()  # type: ignore[no-untyped-call,unused-ignore]
 
     def call(
         self,
@@ -95,7 +97,7 @@ class Kube:
             auth_settings=["BearerToken"],
         )
         response = self.api.call_api(verb, url, headers, body, post, _request_timeout=self.timeout)
-        data = response.read()  # type: ignore[no-untyped-call]
+        data = response.read()  # type: ignore[no-untyped-call,unused-ignore]
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
         if not 200 <= response.status < 300:
             raise ApiError(response.status, str(response.reason), text)

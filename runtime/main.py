@@ -8,6 +8,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,75 +63,165 @@ def cpus_needed(job: RLJob) -> float:
     return total + (1.0 if resources.reward is None else 0.0)
 
 
-def run_job(
-    job: RLJob, output_dir: Path, base_dir: Path, address: str | None = None, progress: bool = True
-) -> RunResult:
-    """Run `job` to the end; raises RunConfigError (and friends) on a job that cannot run."""
+class Preempted(Exception):
+    """SIGTERM arrived; the job saved what it had and stops to be resumed."""
+
+    def __init__(self, step: int, checkpoint: Any) -> None:
+        super().__init__(f"preempted after step {step}")
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+def checkpoint_uri(job: RLJob, output_dir: Path) -> str:
+    """checkpoint.uri as given (relative paths inside the output folder), the claim's mount, or <output>/checkpoints."""
+    ckpt = job.spec.checkpoint
+    if ckpt.uri:
+        if "://" in ckpt.uri or Path(ckpt.uri).is_absolute():
+            return ckpt.uri
+        return str(output_dir / ckpt.uri)
+    if ckpt.pvc_claim_name:
+        return "/checkpoints"
+    return str(output_dir / "checkpoints")
+
+
+def start_groups(job: RLJob, plan: Any) -> tuple[Any, Any]:
+    """The actor group (with its colocated roles) and the reward group, set up and ready."""
     import ray
 
-    from kuberl.runtime.controller import Controller, Groups, StepResult
-    from kuberl.runtime.metrics import RunReporter
-    from kuberl.runtime.plan import make_plan
     from kuberl.runtime.workers.group import GroupResources, WorkerGroup
     from kuberl.runtime.workers.model_worker import ModelWorker, WorkerSetup
     from kuberl.runtime.workers.reward_worker import RewardWorker
+
+    spec = job.spec
+    actor_pool = spec.resources.actor
+    roles = ["actor", "rollout"]
+    if spec.resources.reference is None and (spec.algorithm.kl.coef or 0) > 0:
+        roles.append("reference")
+    if spec.models.critic is not None and spec.resources.critic is None:
+        roles.append("critic")
+    actor = WorkerGroup(ModelWorker, "actor", GroupResources(actor_pool.replicas, actor_pool.cpus, actor_pool.gpus))
+    reward_pool = spec.resources.reward
+    reward_resources = (
+        GroupResources(reward_pool.replicas, reward_pool.cpus, reward_pool.gpus)
+        if reward_pool
+        else GroupResources(1, 0.5, 0)
+    )
+    reward = WorkerGroup(RewardWorker, "reward", reward_resources)
+    master_addr, master_port = ray.get(actor.workers[0].address.remote())
+    setup = WorkerSetup(
+        job=job.to_manifest(),
+        roles=tuple(roles),
+        model_paths=plan.model_paths,
+        tokenizer_path=plan.model_paths["actor"],
+        master_addr=master_addr,
+        master_port=master_port,
+        total_steps=plan.total_steps,
+        threads=max(1, int(actor_pool.cpus)),
+    )
+    pending = [worker.setup.remote(setup) for worker in actor.workers]
+    reward.call("setup", spec.reward.to_manifest(), plan.model_paths.get("reward"))
+    ray.get(pending)
+    return actor, reward
+
+
+class Checkpointing:
+    """The driver's side of checkpoint-resume: when to save, the commit, what to resume from."""
+
+    def __init__(self, job: RLJob, output_dir: Path, actor: Any) -> None:
+        from kuberl.runtime.checkpoint import CheckpointStore
+
+        self.job = job
+        self.spec = job.spec.checkpoint
+        self.actor = actor
+        self.store = CheckpointStore(checkpoint_uri(job, output_dir), self.spec.keep_last)
+        self.last_step: int | None = None
+        self.last_time = time.monotonic()
+        self.latest: Any = None
+
+    def resume(self) -> int:
+        """Load the newest complete checkpoint into the workers; the step to start from (0 for a fresh run)."""
+        ref = self.store.latest()
+        if ref is None:
+            return 0
+        if not self.spec.resume:
+            from kuberl.runtime.plan import RunConfigError
+
+            raise RunConfigError(
+                f"spec.checkpoint.resume is false, but {self.store.uri} holds checkpoints up to step {ref.step}; "
+                "point spec.checkpoint.uri (or --output) at an empty location, or remove them"
+            )
+        self.actor.call("load_checkpoint", ref.uri)
+        state = self.store.load_train_state(ref)
+        self.last_step, self.latest = int(state["step"]), ref
+        log.info("resumed from the checkpoint of step %d: %s", self.last_step, ref.uri)
+        return self.last_step
+
+    def after_step(self, step: int, epoch: int, *, final: bool, preempted: bool) -> None:
+        from kuberl.runtime.checkpoint import should_save
+
+        done = step + 1
+        if not should_save(done, self.last_step, self.last_time, time.monotonic(), self.spec, final, preempted):
+            return
+        location = self.store.begin(done)
+        self.actor.call("save_checkpoint", location)
+        self.latest = self.store.commit(location, done, {"step": done, "epoch": epoch}, self.job.to_manifest())
+        self.last_step, self.last_time = done, time.monotonic()
+
+
+def run_job(
+    job: RLJob, output_dir: Path, base_dir: Path, address: str | None = None, progress: bool = True
+) -> RunResult:
+    """Run `job` to the end, resuming from its latest checkpoint; raises on a job that cannot run, and
+    `Preempted` after saving when SIGTERM arrives."""
+    import ray
+
+    from kuberl.runtime.checkpoint import PreemptionWatcher
+    from kuberl.runtime.controller import Controller, Groups, StepResult
+    from kuberl.runtime.metrics import RunReporter
+    from kuberl.runtime.plan import make_plan
+    from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
 
     output_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(job, output_dir, base_dir, cache_dir())
     (output_dir / "job.yaml").write_text(_yaml(job.to_manifest()), encoding="utf-8")
     started_ray = start_ray(address, cpus_needed(job))
-    spec = job.spec
-    groups: list[WorkerGroup] = []
+    groups: list[Any] = []
+    publisher = StatusPublisher.from_environment()
     try:
-        actor_pool = spec.resources.actor
-        actor_roles = ["actor", "rollout"]
-        if spec.resources.reference is None and (spec.algorithm.kl.coef or 0) > 0:
-            actor_roles.append("reference")
-        if spec.models.critic is not None and spec.resources.critic is None:
-            actor_roles.append("critic")
-        actor = WorkerGroup(ModelWorker, "actor", GroupResources(actor_pool.replicas, actor_pool.cpus, actor_pool.gpus))
-        groups.append(actor)
-        reward_pool = spec.resources.reward
-        reward = WorkerGroup(
-            RewardWorker,
-            "reward",
-            GroupResources(reward_pool.replicas, reward_pool.cpus, reward_pool.gpus)
-            if reward_pool
-            else GroupResources(1, 0.5, 0),
-        )
-        groups.append(reward)
-        master = ray.get(actor.workers[0].address.remote())
-        threads = max(1, int(actor_pool.cpus))
-        setup = WorkerSetup(
-            job=job.to_manifest(),
-            roles=tuple(actor_roles),
-            model_paths=plan.model_paths,
-            tokenizer_path=plan.model_paths["actor"],
-            master_addr=master[0],
-            master_port=master[1],
-            total_steps=plan.total_steps,
-            threads=threads,
-        )
-        pending = [w.setup.remote(setup) for w in actor.workers]
-        reward.call("setup", spec.reward.to_manifest(), plan.model_paths.get("reward"))
-        ray.get(pending)
-        controller = Controller(plan, Groups(actor=actor, reward=reward))
-        reporter = RunReporter(output_dir, plan.total_steps, show_progress=progress)
+        with PreemptionWatcher() as preemption:
+            actor, reward = start_groups(job, plan)
+            groups += [actor, reward]
+            checkpointing = Checkpointing(job, output_dir, actor)
+            start_step = checkpointing.resume()
+            controller = Controller(plan, Groups(actor=actor, reward=reward))
+            reporter = RunReporter(output_dir, plan.total_steps, start_step=start_step, show_progress=progress)
 
-        def on_step(result: StepResult) -> None:
-            reporter.log_step(result.step, result.epoch, result.metrics)
+            def on_step(result: StepResult) -> None:
+                reporter.log_step(result.step, result.epoch, result.metrics)
+                final = result.step + 1 == plan.total_steps
+                checkpointing.after_step(result.step, result.epoch, final=final, preempted=preemption.requested)
+                latest = checkpointing.latest.to_status() if checkpointing.latest else None
+                progress_status = {
+                    "step": result.step + 1,
+                    "totalSteps": plan.total_steps,
+                    "epoch": result.epoch,
+                    "etaSeconds": reporter.eta_seconds(result.step),
+                }
+                publisher.publish(progress_status, status_metrics(result.metrics), latest)
+                if preemption.requested and not final:
+                    raise Preempted(result.step + 1, checkpointing.latest)
 
-        try:
-            controller.run(0, on_step)
-        finally:
-            plot = reporter.close()
+            try:
+                controller.run(start_step, on_step)
+            finally:
+                plot = reporter.close()
         model_dir = None
-        if spec.checkpoint.export_hf:
-            target = output_dir / "model"
-            exported = actor.call("export_hf", str(target), plan.model_paths["actor"])
+        if job.spec.checkpoint.export_hf:
+            exported = actor.call("export_hf", str(output_dir / "model"), plan.model_paths["actor"])
             model_dir = Path(exported[0]) if exported[0] else None
         return RunResult(output_dir, plan.total_steps, reporter.history, model_dir, plot)
     finally:
+        publisher.close()
         for group in groups:
             group.kill()
         if started_ray:
@@ -161,6 +252,13 @@ def run_from_cli(args: argparse.Namespace) -> int:
     except (RunConfigError, DataError, ModelNotFoundError, RewardConfigError) as error:
         print(f"kuberl run: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except Preempted as stop:
+        where = stop.checkpoint.uri if stop.checkpoint else "nowhere (checkpoint.saveOnPreemption is false)"
+        print(f"kuberl run: stopped by a signal after step {stop.step}; saved to {where}; run again to resume")
+        return EXIT_RESUMABLE
+    if not result.history:
+        print(f"nothing to do: {output} already holds the finished run ({result.steps} steps)")
+        return 0
     first, last = result.history[0], result.history[-1]
     print(f"done: {result.steps} steps in {output}/")
     print(f"  reward {first.get('reward/mean', 0):.3f} -> {last.get('reward/mean', 0):.3f}")

@@ -15,11 +15,13 @@ class RunReporter:
     def __init__(self, output_dir: Path, total_steps: int, start_step: int = 0, show_progress: bool = True) -> None:
         self.output_dir = output_dir
         self.total_steps = total_steps
-        self.history: list[dict[str, Any]] = []
-        self.metrics_file = (output_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self.history = read_history(output_dir / "metrics.jsonl", up_to_step=start_step)
+        # a resumed run rewrites the lines of the steps it lost with the crash, so the file is one run
+        self.metrics_file = (output_dir / "metrics.jsonl").open("w", encoding="utf-8")
+        self.metrics_file.writelines(json.dumps(record) + "\n" for record in self.history)
         self.started = time.monotonic()
         self.start_step = start_step
-        self.tensorboard = _tensorboard_writer(output_dir / "tensorboard")
+        self.tensorboard = _tensorboard_writer(output_dir / "tensorboard", purge_step=start_step + 1)
         self.bar = None
         if show_progress:
             from tqdm import tqdm
@@ -59,12 +61,21 @@ class RunReporter:
         return plot_history(self.history, self.output_dir / "training.png") if self.history else None
 
 
-def _tensorboard_writer(directory: Path) -> Any:
+def read_history(path: Path, up_to_step: int) -> list[dict[str, Any]]:
+    """The metrics lines of steps 1..up_to_step of an earlier run in the same folder."""
+    if up_to_step == 0 or not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [record for record in records if record.get("step", 0) <= up_to_step]
+
+
+def _tensorboard_writer(directory: Path, purge_step: int) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard is optional in slim images
         return None
-    return SummaryWriter(str(directory))
+    # purge_step drops events a crashed run wrote after the checkpoint this run resumes from
+    return SummaryWriter(str(directory), purge_step=purge_step if purge_step > 1 else None)
 
 
 def plot_history(history: list[dict[str, Any]], path: Path) -> Path:

@@ -22,6 +22,8 @@ from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_critic, update_policy
 
+#: Models with weights and optimiser state that checkpoints carry (the reference never changes).
+TRAINED_ROLES = ("actor", "critic")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -162,6 +164,24 @@ class ModelWorker:
         trainer = self.trainers["actor"].logprobs(forward_input(batch), temperature, 1)[0].tolist()
         engine = self.engine.response_logprobs(prompt, response, temperature) if self.engine is not None else []
         return {"trainer": trainer, "engine": engine}
+
+    def save_checkpoint(self, location: str) -> None:
+        """This rank's share of every trained model (collective; see kuberl.runtime.checkpoint)."""
+        from kuberl.runtime.checkpoint import save_trainer_state
+
+        for role in TRAINED_ROLES:
+            if role in self.trainers:
+                save_trainer_state(self.trainers[role], location, role, self.rank)
+
+    def load_checkpoint(self, location: str) -> None:
+        """Load every trained model (resharded to this world size), then refresh the colocated engine."""
+        from kuberl.runtime.checkpoint import load_trainer_state
+
+        for role in TRAINED_ROLES:
+            if role in self.trainers:
+                load_trainer_state(self.trainers[role], location, role, self.rank)
+        if self.engine is not None:
+            self.engine.load_weights(self.trainers["actor"].full_tensors())
 
     def export_hf(self, directory: str, source_path: str) -> str | None:
         return export_actor(self, directory, source_path)

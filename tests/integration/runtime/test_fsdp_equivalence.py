@@ -7,7 +7,6 @@ layers halved their gradients). SGD shows that the sharded gradients, their clip
 update are exactly those of the unsharded batch.
 """
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -84,13 +83,11 @@ def layout(batch: RolloutBatch, world: int, minis: int) -> RolloutBatch:
     return batch.select([m * mini_rows + r * part + i for r in range(world) for m in range(minis) for i in range(part)])
 
 
-def fsdp_rank(rank: int, world: int, port: int, out: str) -> None:
-    import os
-
+def fsdp_rank(rank: int, world: int, rendezvous: str, out: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a rendezvous file, not a port: a port found free can be taken by another process before rank 0 binds it
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     trainer = FSDPTrainer(tiny_model(), world_size=world, device=torch.device("cpu"), optim=OPTIM, total_steps=10)
     trainer.optimizer = sgd(trainer.model.parameters())
@@ -133,18 +130,12 @@ def reference_update() -> dict[str, torch.Tensor]:
     return {name: param.detach().clone() for name, param in model.named_parameters()}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_rank_fsdp_update_equals_single_process_reference(tmp_path: Path):
     out = tmp_path / "fsdp.pt"
-    mp.spawn(fsdp_rank, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(fsdp_rank, args=(2, str(tmp_path / "rendezvous"), str(out)), nprocs=2, join=True)
     sharded = torch.load(out)
     reference = reference_update()
-    initial = dict(tiny_model().named_parameters())
+    initial = {name: param.detach() for name, param in tiny_model().named_parameters()}
     assert sharded.keys() == reference.keys()
     moved = max(float((reference[name] - initial[name]).abs().max()) for name in reference)
     assert moved > 1e-3, "the update must actually move the weights for the comparison to mean anything"
