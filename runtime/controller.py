@@ -51,7 +51,7 @@ class StepResult:
 @dataclass
 class Groups:
     actor: WorkerGroup  # actor + colocated rollout (+ reference/critic when they have no pool of their own)
-    reward: WorkerGroup
+    reward: Any  # the elastic RewardPool: score(prompts, completions, samples), metrics()
     critic: WorkerGroup | None = None  # critic with a pool of its own
     reference: WorkerGroup | None = None  # reference with a pool of its own
 
@@ -113,6 +113,7 @@ class Controller:
         update_metrics = timed("update", self.update, batch)
         sync_metrics = timed("sync", self.sync, batch)
         metrics = {**self.batch_metrics(batch, failed), **update_metrics, **sync_metrics, **timings}
+        metrics.update(self.groups.reward.metrics())
         metrics["time/step"] = sum(timings.values())
         metrics["throughput/tokens_per_second"] = float(batch.response_mask.sum()) / max(timings["time/rollout"], 1e-9)
         return StepResult(step, epoch, metrics)
@@ -178,18 +179,7 @@ class Controller:
         )
 
     def _score_texts(self, prompt_texts: list[str], texts: list[str], samples: list[dict[str, Any]]) -> list[Any]:
-        group = self.groups.reward
-        parts = np.array_split(np.arange(len(texts)), group.world_size)
-        import ray
-
-        calls = [
-            group.workers[rank].score.remote(
-                [prompt_texts[i] for i in part], [texts[i] for i in part], [samples[i] for i in part]
-            )
-            for rank, part in enumerate(parts)
-            if len(part)
-        ]
-        return [result for chunk in ray.get(calls) for result in chunk]
+        return self.groups.reward.score(prompt_texts, texts, samples)
 
     def score(self, batch: RolloutBatch, prompts: list[Prompt], step: int) -> torch.Tensor:
         """Scores into the batch; returns the (N,) bool mask of samples whose reward failed."""

@@ -57,10 +57,11 @@ def start_ray(address: str | None, cpus_needed: float) -> bool:
 def cpus_needed(job: RLJob) -> float:
     resources = job.spec.resources
     total = resources.actor.cpus * resources.actor.world_size
-    for pool in (resources.critic, resources.reference, resources.reward):
+    for pool in (resources.critic, resources.reference):
         if pool is not None:
             total += pool.cpus * pool.replicas
-    return total + (1.0 if resources.reward is None else 0.0)
+    # the reward pool may grow to its maximum; locally those workers need room too
+    return total + (resources.reward.cpus * resources.reward.effective_max if resources.reward else 0.5)
 
 
 class Preempted(Exception):
@@ -85,12 +86,12 @@ def checkpoint_uri(job: RLJob, output_dir: Path) -> str:
 
 
 def start_groups(job: RLJob, plan: Any) -> tuple[Any, Any]:
-    """The actor group (with its colocated roles) and the reward group, set up and ready."""
+    """The actor group (with its colocated roles), set up, and the elastic reward pool."""
     import ray
 
+    from kuberl.runtime.rewards.pool import RewardPool
     from kuberl.runtime.workers.group import GroupResources, WorkerGroup
     from kuberl.runtime.workers.model_worker import ModelWorker, WorkerSetup
-    from kuberl.runtime.workers.reward_worker import RewardWorker
 
     spec = job.spec
     actor_pool = spec.resources.actor
@@ -100,13 +101,6 @@ def start_groups(job: RLJob, plan: Any) -> tuple[Any, Any]:
     if spec.models.critic is not None and spec.resources.critic is None:
         roles.append("critic")
     actor = WorkerGroup(ModelWorker, "actor", GroupResources(actor_pool.replicas, actor_pool.cpus, actor_pool.gpus))
-    reward_pool = spec.resources.reward
-    reward_resources = (
-        GroupResources(reward_pool.replicas, reward_pool.cpus, reward_pool.gpus)
-        if reward_pool
-        else GroupResources(1, 0.5, 0)
-    )
-    reward = WorkerGroup(RewardWorker, "reward", reward_resources)
     master_addr, master_port = ray.get(actor.workers[0].address.remote())
     setup = WorkerSetup(
         job=job.to_manifest(),
@@ -119,8 +113,12 @@ def start_groups(job: RLJob, plan: Any) -> tuple[Any, Any]:
         threads=max(1, int(actor_pool.cpus)),
     )
     pending = [worker.setup.remote(setup) for worker in actor.workers]
-    reward.call("setup", spec.reward.to_manifest(), plan.model_paths.get("reward"))
-    ray.get(pending)
+    try:
+        reward = RewardPool(spec.reward.to_manifest(), plan.model_paths.get("reward"), spec.resources.reward)
+        ray.get(pending)
+    except BaseException:
+        actor.kill()
+        raise
     return actor, reward
 
 
@@ -185,12 +183,12 @@ def run_job(
     plan = make_plan(job, output_dir, base_dir, cache_dir())
     (output_dir / "job.yaml").write_text(_yaml(job.to_manifest()), encoding="utf-8")
     started_ray = start_ray(address, cpus_needed(job))
-    groups: list[Any] = []
+    actor: Any = None
+    reward: Any = None
     publisher = StatusPublisher.from_environment()
     try:
         with PreemptionWatcher() as preemption:
             actor, reward = start_groups(job, plan)
-            groups += [actor, reward]
             checkpointing = Checkpointing(job, output_dir, actor)
             start_step = checkpointing.resume()
             controller = Controller(plan, Groups(actor=actor, reward=reward))
@@ -222,8 +220,10 @@ def run_job(
         return RunResult(output_dir, plan.total_steps, reporter.history, model_dir, plot)
     finally:
         publisher.close()
-        for group in groups:
-            group.kill()
+        if reward is not None:
+            reward.shutdown()
+        if actor is not None:
+            actor.kill()
         if started_ray:
             ray.shutdown()
 

@@ -39,6 +39,7 @@ STATUS_METRICS = {
     "kl/mean": "kl",
     "response/length_mean": "response_length",
     "throughput/tokens_per_second": "tokens_per_second",
+    "reward/pool_size": "reward_workers",
 }
 
 
@@ -48,7 +49,11 @@ def status_metrics(step_metrics: Mapping[str, float]) -> dict[str, Any]:
     >>> status_metrics({"reward/mean": 0.5, "kl/mean": 0.01, "time/step": 3.0})
     {'rewardMean': 0.5, 'kl': 0.01}
     """
-    fields = {field: step_metrics[name] for name, field in STATUS_METRICS.items() if name in step_metrics}
+    fields: dict[str, Any] = {
+        field: step_metrics[name] for name, field in STATUS_METRICS.items() if name in step_metrics
+    }
+    if "reward_workers" in fields:
+        fields["reward_workers"] = int(fields["reward_workers"])
     return Metrics.model_validate(fields).to_manifest()
 
 

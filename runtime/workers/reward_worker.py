@@ -1,9 +1,16 @@
-"""The reward worker: scores responses with a function, a reward model, or (issue 8) an endpoint."""
+"""The reward worker: scores responses with a function, a reward model, or an HTTP endpoint.
+
+One worker is one Ray actor. The controller's fixed WorkerGroup and the elastic RewardPool
+(runtime/rewards/pool.py) both call `setup` once and then `score` per batch. An endpoint worker
+may be called by several threads at once (the pool gives its actor maxConcurrency slots); the
+endpoint client bounds the requests in flight. Function and model workers run one call at a time.
+"""
 
 from pathlib import Path
 from typing import Any
 
 from kuberl.api import RewardSpec
+from kuberl.runtime.rewards.endpoint import RewardEndpointClient
 from kuberl.runtime.rewards.functions import RewardResult, load_reward_function, score_batch
 
 
@@ -12,9 +19,12 @@ class RewardWorker:
         self.rank = rank
         self.function: Any = None
         self.model: Any = None
+        self.endpoint: RewardEndpointClient | None = None
+        self.batch_size = 32
 
     def setup(self, reward: dict[str, Any], model_path: str | None = None) -> None:
         spec = RewardSpec.model_validate(reward)
+        self.batch_size = spec.batch_size
         if spec.function is not None:
             self.function = load_reward_function(spec.function)
         elif spec.model is not None:
@@ -23,10 +33,13 @@ class RewardWorker:
             assert model_path is not None
             self.model = RewardModelScorer(Path(model_path), spec.model.dtype.value, spec.model.batch_size)
         else:
-            raise NotImplementedError("reward.endpoint arrives with the elastic reward pool")
+            assert spec.endpoint is not None  # RewardSpec holds exactly one of the three
+            self.endpoint = RewardEndpointClient.from_spec(spec.endpoint)
 
     def score(self, prompts: list[str], completions: list[str], samples: list[dict[str, Any]]) -> list[RewardResult]:
         if self.function is not None:
             return score_batch(self.function, completions, samples)
+        if self.endpoint is not None:
+            return self.endpoint.score_chunked(prompts, completions, samples, self.batch_size)
         scores = self.model.score(prompts, completions)
         return [RewardResult(float(score), {}, None) for score in scores]

@@ -28,6 +28,7 @@ def test_tiny_grpo_demo_learns(ray_session, tmp_path):
     assert (tmp_path / "training.png").stat().st_size > 10_000
     assert any((tmp_path / "tensorboard").iterdir())
     assert (run.model_dir / "config.json").exists() and (run.model_dir / "tokenizer.json").exists()
+    assert run.history[-1]["reward/pool_size"] == 1  # no reward pool in the spec: one reward worker
 
 
 def test_ppo_with_a_critic_runs_and_improves(ray_session, tmp_path):

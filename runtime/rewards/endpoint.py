@@ -1,0 +1,224 @@
+"""Scoring with an HTTP reward service outside the job (`spec.reward.endpoint`).
+
+The protocol, one request per batch of at most `reward.batchSize` samples:
+
+    POST <reward.endpoint.url>
+    Content-Type: application/json
+    Authorization: Bearer <token>             (only when KUBERL_REWARD_ENDPOINT_TOKEN is set)
+
+    {"items": [{"prompt": "What is 2+3?", "response": "5", "sample": {"answer": "5"}}, ...]}
+
+answered by
+
+    200 OK
+    {"scores": [1.0, ...]}
+
+with one score per item, in the order of the items. A score is a finite number; `null` (or
+anything else that is not a number) fails that one sample and keeps the others. `sample` is the
+prompt's data record as the dataset holds it (values JSON cannot carry are sent as strings).
+
+Failures. Connection errors, timeouts (`timeoutSeconds`, applied to connecting and to each
+read), HTTP 408, 429 and 5xx, a body that is not JSON and a `scores` list of the wrong length are
+retried up to `maxRetries` times after 0.5 s, 1 s, 2 s ... (doubling, at most 30 s). Any other
+4xx is not retried: the request itself is wrong and will not improve. A batch that still fails
+gets score 0.0 with the reason in `RewardResult.error` for each of its samples — the controller
+counts them and drops their gradient — and the job goes on.
+
+Concurrency: at most `maxConcurrency` requests in flight per reward worker, whatever number of
+threads ask (a semaphore), so a pool of N workers puts at most N * maxConcurrency requests on the
+service.
+
+The token: the operator puts the key `token` of the Secret named by `reward.endpoint.secretRef`
+into the reward workers' environment as KUBERL_REWARD_ENDPOINT_TOKEN; locally, export it before
+`kuberl run`. It is read once when the worker starts and never logged.
+"""
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kuberl.api.spec import RewardEndpointSpec
+from kuberl.runtime.rewards.functions import RewardResult
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "KUBERL_REWARD_ENDPOINT_TOKEN"
+RETRYABLE_STATUS = frozenset({408, 429})  # and every 5xx
+
+
+class EndpointCallError(Exception):
+    """One request to the reward service failed; `retryable` says whether sending it again may help."""
+
+    def __init__(self, reason: str, retryable: bool) -> None:
+        super().__init__(reason)
+        self.retryable = retryable
+
+
+def backoff_delay(retry: int, base_s: float = 0.5, cap_s: float = 30.0) -> float:
+    """Seconds to wait before retry number `retry` (0 for the first retry): base * 2^retry, at most cap."""
+    return min(cap_s, base_s * 2.0**retry)
+
+
+def _json_default(value: Any) -> Any:
+    """numpy/torch scalars and arrays as numbers and lists; anything else JSON cannot carry as its str."""
+    for method in ("item", "tolist"):
+        convert = getattr(value, method, None)
+        if callable(convert):
+            try:
+                return convert()
+            except (TypeError, ValueError, RuntimeError):
+                pass
+    return str(value)
+
+
+def request_body(prompts: list[str], completions: list[str], samples: list[dict[str, Any]]) -> bytes:
+    """The JSON body for one batch: {"items": [{"prompt", "response", "sample"}, ...]}."""
+    if not len(prompts) == len(completions) == len(samples):
+        raise ValueError(
+            f"{len(prompts)} prompts, {len(completions)} completions, {len(samples)} samples; they must pair up"
+        )
+    items = [
+        {"prompt": prompt, "response": completion, "sample": sample}
+        for prompt, completion, sample in zip(prompts, completions, samples, strict=True)
+    ]
+    return json.dumps({"items": items}, default=_json_default).encode("utf-8")
+
+
+def _preview(data: bytes | str, limit: int = 120) -> str:
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _as_score(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def parse_scores(body: bytes, expected: int, url: str) -> list[RewardResult]:
+    """RewardResults from a response body; raises EndpointCallError (retryable) when the body is unusable."""
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise EndpointCallError(f"{url} answered with a body that is not JSON: {_preview(body)!r}", True) from None
+    scores = payload.get("scores") if isinstance(payload, dict) else None
+    if not isinstance(scores, list):
+        raise EndpointCallError(
+            f'{url} answered {_preview(body)!r}; expected {{"scores": [...]}} with one score per item', True
+        )
+    if len(scores) != expected:
+        raise EndpointCallError(
+            f"{url} returned {len(scores)} scores for {expected} items; the service must return one score "
+            "per item, in the order sent",
+            True,
+        )
+    results = []
+    for value in scores:
+        score = _as_score(value)
+        if score is None:
+            results.append(RewardResult(0.0, {}, error=f"{url} returned score {_preview(repr(value))} for this sample"))
+        else:
+            results.append(RewardResult(score))
+    return results
+
+
+class RewardEndpointClient:
+    """Calls one reward service; thread-safe, never raises for a failed call (failed samples carry the reason)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30.0,
+        max_retries: int = 3,
+        max_concurrency: int = 8,
+        token: str | None = None,
+        backoff_base_s: float = 0.5,
+        backoff_cap_s: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.max_concurrency = max_concurrency
+        self._token = token
+        self._backoff = (backoff_base_s, backoff_cap_s)
+        self._sleep = sleep
+        self._in_flight = threading.BoundedSemaphore(max_concurrency)
+
+    @classmethod
+    def from_spec(cls, spec: RewardEndpointSpec, env: Mapping[str, str] = os.environ) -> "RewardEndpointClient":
+        return cls(
+            spec.url,
+            timeout_s=spec.timeout_seconds,
+            max_retries=spec.max_retries,
+            max_concurrency=spec.max_concurrency,
+            token=env.get(TOKEN_ENV) or None,
+        )
+
+    def _post(self, body: bytes, expected: int) -> list[RewardResult]:
+        """One request; raises EndpointCallError."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        try:
+            with self._in_flight, urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                answer = response.read()
+        except urllib.error.HTTPError as error:
+            retryable = error.code in RETRYABLE_STATUS or error.code >= 500
+            detail = _preview(error.read() or b"")
+            raise EndpointCallError(f"HTTP {error.code} from {self.url}: {detail!r}", retryable) from None
+        except TimeoutError:
+            raise EndpointCallError(
+                f"no answer from {self.url} within {self.timeout_s:g} s (reward.endpoint.timeoutSeconds)", True
+            ) from None
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            if isinstance(reason, TimeoutError):
+                raise EndpointCallError(
+                    f"no answer from {self.url} within {self.timeout_s:g} s (reward.endpoint.timeoutSeconds)", True
+                ) from None
+            raise EndpointCallError(f"cannot reach {self.url}: {reason}", True) from None
+        return parse_scores(answer, expected, self.url)
+
+    def score(self, prompts: list[str], completions: list[str], samples: list[dict[str, Any]]) -> list[RewardResult]:
+        """One batch in one request, retried with backoff; a batch that keeps failing fails its samples."""
+        if not completions:
+            return []
+        body = request_body(prompts, completions, samples)
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return self._post(body, len(completions))
+            except EndpointCallError as error:
+                if not error.retryable or attempts > self.max_retries:
+                    reason = f"reward endpoint failed after {attempts} attempt(s): {error}"
+                    log.warning("%d samples scored 0.0: %s", len(completions), reason)
+                    return [RewardResult(0.0, {}, error=reason) for _ in completions]
+                self._sleep(backoff_delay(attempts - 1, *self._backoff))
+
+    def score_chunked(
+        self, prompts: list[str], completions: list[str], samples: list[dict[str, Any]], batch_size: int
+    ) -> list[RewardResult]:
+        """Many samples as requests of at most `batch_size` items, up to maxConcurrency at once; results in order."""
+        starts = range(0, len(completions), batch_size)
+        if len(starts) <= 1:
+            return self.score(prompts, completions, samples)
+        chunks = [
+            (prompts[s : s + batch_size], completions[s : s + batch_size], samples[s : s + batch_size]) for s in starts
+        ]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(chunks))) as executor:
+            parts = list(executor.map(lambda chunk: self.score(*chunk), chunks))
+        return [result for part in parts for result in part]

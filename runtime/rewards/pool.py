@@ -1,0 +1,441 @@
+"""The elastic reward pool: reward work goes through a queue to a set of reward workers that grows and shrinks.
+
+    pool = RewardPool(spec.reward.to_manifest(), model_path, spec.resources.reward)
+    results = pool.score(prompts, completions, samples)   # one RewardResult per sample, in order
+    pool.metrics()                                          # reward/pool_size, reward/scale_ups, ...
+    pool.shutdown()
+
+`score` cuts the samples into batches of `reward.batchSize`, queues them and blocks until every
+sample has exactly one result. A scheduler thread in the controller's process hands queued batches
+to ready workers (RewardWorker Ray actors holding a reward model, a function, or an HTTP endpoint
+client; an endpoint worker takes up to maxConcurrency batches at once), collects their answers, and
+every `ScalePolicy.interval_s` asks `decide_pool_size` (autoscale.py, pure) how many workers there
+should be, then starts or releases actors. It runs between `score` calls too, so idle workers are
+released while the trainer works.
+
+Exactly once. Results are keyed by sample index (ledger.py). A batch whose worker dies is queued
+again, at the front, for another worker; a result for an index already filled is dropped. A batch
+whose workers died `max_batch_attempts` times, or whose worker raised that often, fails its samples
+(score 0.0 with the reason) instead of the job. A worker that fails to start is dropped; after
+`max_batch_attempts` such failures in a row the pool stops growing, and with no worker left it
+fails the pending `score` calls with the reason.
+
+On Kubernetes each worker asks Ray for the custom resource `kuberl_reward` (offered only by the
+reward worker group) plus its CPUs and GPUs, so an actor the cluster cannot place makes the KubeRay
+autoscaler add a reward pod, and a released actor leaves its pod idle for the autoscaler to remove.
+Locally there is no such resource and workers share the machine's CPUs.
+"""
+
+import logging
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from kuberl.api import RewardSpec
+from kuberl.api.resources import RoleResources
+from kuberl.runtime.rewards.autoscale import PoolBounds, ScalePolicy, decide_pool_size
+from kuberl.runtime.rewards.functions import RewardResult
+from kuberl.runtime.rewards.ledger import ResultLedger
+from kuberl.runtime.workers.group import role_resource
+from kuberl.runtime.workers.reward_worker import RewardWorker
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKER_CPUS = 0.5  # a reward worker beside the controller when spec.resources.reward is not set
+
+
+class RewardPoolError(RuntimeError):
+    """The pool cannot score: no reward worker could start, or the pool was shut down."""
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    """One change of the pool's size."""
+
+    at_s: float  # seconds since the pool started
+    before: int
+    after: int
+    reason: str
+
+
+@dataclass
+class _Job:
+    """One `score` call: its samples, their results so far, and the queue waits of its batches."""
+
+    prompts: list[str]
+    completions: list[str]
+    samples: list[dict[str, Any]]
+    ledger: ResultLedger
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    waits: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    job: _Job
+    indices: list[int]
+    enqueued_at: float
+    failures: int = 0  # times a worker died or raised holding it
+
+
+@dataclass
+class _Worker:
+    number: int
+    actor: Any
+    setup_ref: Any | None  # the pending setup call; None once the worker is ready
+    started_at: float
+    idle_since: float
+    running: dict[Any, _Batch] = field(default_factory=dict)  # score-call ref -> its batch
+
+    @property
+    def ready(self) -> bool:
+        return self.setup_ref is None
+
+
+class RewardPool:
+    """An autoscaled set of reward workers behind a queue; `score` blocks until every sample has one result."""
+
+    def __init__(
+        self,
+        reward_manifest: dict[str, Any],
+        model_path: str | None,
+        pool: RoleResources | None,
+        *,
+        policy: ScalePolicy | None = None,
+    ) -> None:
+        spec = RewardSpec.model_validate(reward_manifest)
+        self.bounds = PoolBounds.from_resources(pool)
+        self.policy = policy or ScalePolicy()
+        self.batch_size = spec.batch_size
+        self.slots = spec.endpoint.max_concurrency if spec.endpoint is not None else 1
+        self._manifest = reward_manifest
+        self._model_path = model_path
+        custom = {role_resource("reward"): 0.001} if role_resource("reward") in ray.cluster_resources() else {}
+        self._remote: Any = ray.remote(RewardWorker).options(
+            num_cpus=pool.cpus if pool is not None else DEFAULT_WORKER_CPUS,
+            num_gpus=pool.gpus if pool is not None else 0,
+            resources=custom,
+            max_concurrency=self.slots,
+        )
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._workers: dict[int, _Worker] = {}
+        self._queue: deque[_Batch] = deque()
+        self._jobs: list[_Job] = []
+        self._numbered = 0
+        self._started_at = time.monotonic()
+        self._events: list[ScaleEvent] = []
+        self._counts = {"requeued_batches": 0, "worker_deaths": 0, "duplicates_dropped": 0, "failed_starts": 0}
+        self._failed_starts_in_row = 0
+        self._growth_stopped = False
+        self._broken: BaseException | None = None
+        self._peak = 0
+        self._last_waits: list[float] = []
+        self._start_first_workers(max(1, self.bounds.min_size))
+        self._thread = threading.Thread(target=self._run, name="kuberl-reward-pool", daemon=True)
+        self._thread.start()
+
+    # -- public -----------------------------------------------------------------------------------
+    def score(self, prompts: list[str], completions: list[str], samples: list[dict[str, Any]]) -> list[RewardResult]:
+        """One result per sample, in order; completions[i] answers prompts[i] for samples[i]."""
+        if not len(prompts) == len(completions) == len(samples):
+            raise ValueError(
+                f"{len(prompts)} prompts, {len(completions)} completions, {len(samples)} samples; they must pair up"
+            )
+        if not completions:
+            return []
+        job = _Job(prompts, completions, samples, ResultLedger(len(completions)))
+        with self._lock:
+            if self._broken is not None:
+                raise RewardPoolError(f"the reward pool cannot score: {self._broken}") from self._broken
+            now = time.monotonic()
+            for start in range(0, len(completions), self.batch_size):
+                indices = list(range(start, min(start + self.batch_size, len(completions))))
+                self._queue.append(_Batch(job, indices, now))
+            self._jobs.append(job)
+            self._peak = len(self._workers)
+            self._dispatch(now)
+        job.done.wait()
+        with self._lock:
+            self._jobs.remove(job)
+            self._last_waits = job.waits
+        if job.error is not None:
+            raise RewardPoolError(f"the reward pool cannot score: {job.error}") from job.error
+        return job.ledger.results()
+
+    @property
+    def size(self) -> int:
+        """Reward workers running or starting now (what status.metrics.rewardWorkers reports)."""
+        with self._lock:
+            return len(self._workers)
+
+    def metrics(self) -> dict[str, float]:
+        """Pool size now and at its largest during the last `score`; scale events, requeues, deaths and
+        dropped duplicates since the pool started; queue waits (mean, max) of the last `score`'s batches."""
+        with self._lock:
+            waits = self._last_waits
+            return {
+                "reward/pool_size": float(len(self._workers)),
+                "reward/pool_size_peak": float(max(self._peak, len(self._workers))),
+                "reward/scale_ups": float(sum(event.after > event.before for event in self._events)),
+                "reward/scale_downs": float(sum(event.after < event.before for event in self._events)),
+                "reward/queue_wait_seconds": statistics.fmean(waits) if waits else 0.0,
+                "reward/queue_wait_max_seconds": max(waits, default=0.0),
+                **{f"reward/{name}": float(count) for name, count in self._counts.items()},
+            }
+
+    @property
+    def scale_events(self) -> list[ScaleEvent]:
+        with self._lock:
+            return list(self._events)
+
+    def actors(self, *, busy: bool | None = None) -> list[Any]:
+        """Handles of the ready workers' actors; busy=True: only those scoring a batch now, False: only idle ones."""
+        with self._lock:
+            return [
+                worker.actor
+                for worker in self._workers.values()
+                if worker.ready and (busy is None or bool(worker.running) == busy)
+            ]
+
+    def shutdown(self) -> None:
+        """Stops the scheduler and kills every worker; pending `score` calls fail. Safe to call twice."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._lock:
+            self._release_all()
+            self._broken = self._broken or RewardPoolError("the reward pool was shut down")
+            self._fail_jobs(self._broken)
+
+    # -- starting and releasing workers -------------------------------------------------------------
+    def _start_worker(self, now: float) -> _Worker:
+        self._numbered += 1
+        actor = self._remote.remote(self._numbered)
+        worker = _Worker(self._numbered, actor, actor.setup.remote(self._manifest, self._model_path), now, now)
+        self._workers[worker.number] = worker
+        self._peak = max(self._peak, len(self._workers))
+        return worker
+
+    def _start_first_workers(self, count: int) -> None:
+        """Start-up fails fast: a reward that cannot load (a typo, a missing package) raises here."""
+        workers = [self._start_worker(time.monotonic()) for _ in range(count)]
+        setups: list[Any] = [worker.setup_ref for worker in workers]
+        try:
+            ray.get(setups, timeout=self.policy.start_timeout_s)
+        except GetTimeoutError:
+            self._release_all()
+            raise RewardPoolError(
+                f"no reward worker was ready within {self.policy.start_timeout_s:g} s: the cluster may lack the "
+                "CPUs/GPUs of spec.resources.reward (or a reward pod to put them on)"
+            ) from None
+        except BaseException:
+            self._release_all()
+            raise
+        now = time.monotonic()
+        for worker in workers:
+            worker.setup_ref, worker.idle_since = None, now
+
+    def _release(self, worker: _Worker) -> None:
+        self._workers.pop(worker.number, None)
+        try:
+            ray.kill(worker.actor)
+        except Exception as error:  # an actor that is already gone cannot be killed again
+            log.debug("reward worker %d was already gone: %s", worker.number, error)
+
+    def _release_all(self) -> None:
+        for worker in list(self._workers.values()):
+            self._release(worker)
+
+    # -- the scheduler thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._tick()
+        except BaseException as error:  # a bug here must not leave score() waiting forever
+            log.exception("the reward pool's scheduler stopped")
+            with self._lock:
+                self._broken = error
+                self._fail_jobs(error)
+
+    def _tick(self) -> None:
+        with self._lock:
+            owners = {ref: worker for worker in self._workers.values() for ref in self._refs_of(worker)}
+        ready: list[Any] = []
+        if owners:
+            refs = list(owners)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=self.policy.interval_s)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        else:
+            self._stop.wait(self.policy.interval_s)
+        outcomes = [(ref, *_fetch(ref)) for ref in ready]
+        with self._lock:
+            now = time.monotonic()
+            for ref, value, error in outcomes:
+                self._settle(owners[ref], ref, value, error, now)
+            self._dispatch(now)
+            self._rescale(now)
+
+    @staticmethod
+    def _refs_of(worker: _Worker) -> list[Any]:
+        return [worker.setup_ref] if worker.setup_ref is not None else list(worker.running)
+
+    def _settle(self, worker: _Worker, ref: Any, value: Any, error: BaseException | None, now: float) -> None:
+        """Takes in one finished call: a setup or a batch."""
+        if worker.number not in self._workers:
+            return  # released or lost already; its batches were requeued then
+        if worker.setup_ref is not None and ref == worker.setup_ref:
+            self._settle_setup(worker, error, now)
+            return
+        batch = worker.running.pop(ref)
+        if error is None:
+            try:
+                self._counts["duplicates_dropped"] += batch.job.ledger.fill(batch.indices, value)
+            except ValueError as mismatch:
+                error = mismatch
+            else:
+                self._finish_if_complete(batch.job)
+        if isinstance(error, RayActorError):
+            worker.running[ref] = batch
+            self._lose(worker, error)
+        elif error is not None:
+            self._retry_or_fail(batch, f"reward worker {worker.number} raised: {error}")
+        if not worker.running:
+            worker.idle_since = now
+
+    def _settle_setup(self, worker: _Worker, error: BaseException | None, now: float) -> None:
+        if error is None:
+            worker.setup_ref, worker.idle_since = None, now
+            self._failed_starts_in_row = 0
+            log.info("reward worker %d ready after %.1f s", worker.number, now - worker.started_at)
+            return
+        self._failed_start(worker, error)
+
+    def _failed_start(self, worker: _Worker, error: BaseException) -> None:
+        self._counts["failed_starts"] += 1
+        self._failed_starts_in_row += 1
+        log.warning("reward worker %d failed to start: %s", worker.number, error)
+        self._release(worker)
+        if self._failed_starts_in_row >= self.policy.max_batch_attempts:
+            if not self._growth_stopped:
+                log.error("reward pool stops growing: %d workers in a row failed to start", self._failed_starts_in_row)
+            self._growth_stopped = True
+            if not any(other.ready for other in self._workers.values()):
+                self._broken = error
+                self._fail_jobs(error)
+
+    def _lose(self, worker: _Worker, error: BaseException) -> None:
+        """A worker died: its batches go back to the queue for the others."""
+        self._counts["worker_deaths"] += 1
+        log.warning(
+            "reward worker %d died with %d batches in flight; requeued: %s", worker.number, len(worker.running), error
+        )
+        self._release(worker)
+        for batch in worker.running.values():
+            self._retry_or_fail(batch, f"reward worker {worker.number} died: {error}")
+        worker.running.clear()
+
+    def _retry_or_fail(self, batch: _Batch, reason: str) -> None:
+        batch.failures += 1
+        if batch.job.done.is_set():
+            return
+        if batch.failures < self.policy.max_batch_attempts:
+            self._queue.appendleft(batch)
+            self._counts["requeued_batches"] += 1
+            return
+        message = f"gave up after {batch.failures} attempts; last: {reason}"
+        log.warning("%d samples scored 0.0: %s", len(batch.indices), message)
+        batch.job.ledger.fill(batch.indices, [RewardResult(0.0, {}, error=message) for _ in batch.indices])
+        self._finish_if_complete(batch.job)
+
+    def _finish_if_complete(self, job: _Job) -> None:
+        if job.ledger.complete:
+            job.done.set()
+
+    def _fail_jobs(self, error: BaseException) -> None:
+        for job in self._jobs:
+            if not job.done.is_set():
+                job.error = error
+                job.done.set()
+        self._queue.clear()
+
+    def _dispatch(self, now: float) -> None:
+        """Queued batches to ready workers with a free slot, the least loaded first."""
+        while self._queue:
+            free = [w for w in self._workers.values() if w.ready and len(w.running) < self.slots]
+            if not free:
+                return
+            worker = min(free, key=lambda w: len(w.running))
+            batch = self._queue.popleft()
+            if batch.job.done.is_set() or all(batch.job.ledger.is_filled(i) for i in batch.indices):
+                continue
+            batch.job.waits.append(now - batch.enqueued_at)
+            job = batch.job
+            ref = worker.actor.score.remote(
+                [job.prompts[i] for i in batch.indices],
+                [job.completions[i] for i in batch.indices],
+                [job.samples[i] for i in batch.indices],
+            )
+            worker.running[ref] = batch
+
+    def _rescale(self, now: float) -> None:
+        if self._broken is not None or self._stop.is_set():
+            return
+        for worker in list(self._workers.values()):
+            if not worker.ready and now - worker.started_at > self.policy.start_timeout_s:
+                # the cluster never placed it (no room, no pod): stop counting it as on its way
+                self._failed_start(worker, TimeoutError(f"not ready within {self.policy.start_timeout_s:g} s"))
+        if self._broken is not None:
+            return
+        workers = list(self._workers.values())
+        current = len(workers)
+        idle = [w for w in workers if w.ready and not w.running]
+        oldest_wait = max((now - batch.enqueued_at for batch in self._queue), default=0.0)
+        target = decide_pool_size(
+            current,
+            len(self._queue),
+            oldest_wait,
+            [now - w.idle_since for w in idle],
+            self.bounds,
+            self.policy,
+            starting=sum(not w.ready for w in workers),
+            slots_per_worker=self.slots,
+        )
+        if self._growth_stopped:
+            target = min(target, current)
+            if target == 0 and self._queue:
+                self._broken = RewardPoolError("no reward worker is running and new ones keep failing to start")
+                self._fail_jobs(self._broken)
+                return
+        if target == current:
+            return
+        if target > current:
+            reason = f"{len(self._queue)} batches queued, oldest waited {oldest_wait:.2f} s"
+            if current < self.bounds.min_size:
+                reason = f"below minReplicas {self.bounds.min_size}"
+            for _ in range(target - current):
+                self._start_worker(now)
+        else:
+            idle.sort(key=lambda w: w.idle_since)
+            for worker in idle[: current - target]:
+                self._release(worker)
+            reason = f"{current - target} workers idle for {self.policy.idle_release_s:g} s or more"
+        event = ScaleEvent(now - self._started_at, current, len(self._workers), reason)
+        self._events.append(event)
+        log.info("reward pool %d -> %d workers: %s", event.before, event.after, reason)
+
+
+def _fetch(ref: Any) -> tuple[Any, BaseException | None]:
+    """A finished call's value, or the error it ended with."""
+    try:
+        return ray.get(ref), None
+    except Exception as error:  # the worker's own exception (RayTaskError) or its death (RayActorError)
+        return None, error
