@@ -7,11 +7,13 @@ come out as `ApiError` with the HTTP status, so callers need no kubernetes excep
 
 import json
 import os
+import urllib.parse
 from typing import Any
 
 import kopf
 import kubernetes
-from kubernetes.client import ApiClient, Configuration
+import urllib3
+from kubernetes.client import Configuration
 
 from kuberl.operator.names import FIELD_MANAGER
 
@@ -68,16 +70,36 @@ def connection_info(configuration: Configuration) -> kopf.ConnectionInfo:
 
 
 class Kube:
-    def __init__(self, api: ApiClient, timeout: float = 30.0) -> None:
-        self.api = api
+    """JSON over HTTPS with the kubeconfig's credentials.
+
+    It speaks urllib3 directly rather than through the kubernetes client's ApiClient, whose request
+    API changed between client releases (36 -> 37): the operator works with any of them.
+    """
+
+    def __init__(self, configuration: Configuration, timeout: float = 30.0) -> None:
+        self.configuration = configuration
         self.timeout = timeout
+        self.pool = urllib3.PoolManager(
+            maxsize=configuration.connection_pool_maxsize,
+            cert_reqs="CERT_REQUIRED" if configuration.verify_ssl else "CERT_NONE",
+            ca_certs=configuration.ssl_ca_cert,
+            cert_file=configuration.cert_file,
+            key_file=configuration.key_file,
+        )
 
     @classmethod
     def from_environment(cls, pool_size: int = 16) -> "Kube":
-        return cls(ApiClient(load_configuration(pool_size)))
+        return cls(load_configuration(pool_size))
 
     def close(self) -> None:
-        self.api.close()  # type: ignore[no-untyped-call,unused-ignore]
+        self.pool.clear()
+
+    def _auth_headers(self) -> dict[str, str]:
+        headers = {}
+        for setting in self.configuration.auth_settings().values():
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[str(setting["key"])] = str(setting["value"])
+        return headers
 
     def call(
         self,
@@ -88,17 +110,13 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        verb, url, headers, _, post = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or [],
-            header_params=headers,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(verb, url, headers, body, post, _request_timeout=self.timeout)
-        data = response.read()  # type: ignore[no-untyped-call,unused-ignore]
-        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
+        headers = {"Accept": "application/json", "Content-Type": content_type, **self._auth_headers()}
+        url = self.configuration.host.rstrip("/") + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = json.dumps(body).encode() if body is not None else None
+        response = self.pool.request(method, url, body=data, headers=headers, timeout=self.timeout, retries=False)
+        text = response.data.decode("utf-8", "replace") if response.data else ""
         if not 200 <= response.status < 300:
             raise ApiError(response.status, str(response.reason), text)
         return json.loads(text) if text else None

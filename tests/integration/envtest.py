@@ -2,7 +2,8 @@
 
 The binaries come from `hack/envtest/build.sh` (cached; about 5 minutes to build on a fresh machine,
 0.1 s after). `start_control_plane()` starts them on free loopback ports with token authentication
-and RBAC (the admin token is in `system:masters`), installs the given CRDs *before* the
+and RBAC (the admin token is in `system:masters`), audit-logs every request of a ServiceAccount
+(`ControlPlane.audit_log`: which verbs an identity really used), installs the given CRDs *before* the
 controller-manager starts (so its garbage collector discovers them at once), writes a kubeconfig
 and returns a `ControlPlane` that stops everything by PID. The flags are the ones
 hack/envtest/README.md verified.
@@ -45,6 +46,14 @@ RLJOB_CRD = REPO / "crds" / "kuberl.io_rljobs.yaml"
 FAKE_KUBERAY_CRDS = sorted((REPO / "tests" / "integration" / "operator" / "crds").glob("fake-kuberay-*.yaml"))
 #: The controllers the operator's behaviour depends on: owner-reference GC and namespace deletion.
 CONTROLLERS = "garbagecollector,namespace"
+#: Audit only ServiceAccounts (tests authenticate as one with TokenRequest tokens; the admin and the
+#: controller-manager are not in the group), at Metadata level: who did which verb on what, and the answer.
+#: Every stage: a watch that is being served shows up at RequestReceived and only completes when it ends.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]}, {"level": "None"}],
+}
 
 
 def envtest_binaries() -> Path:
@@ -101,6 +110,11 @@ class ControlPlane:
     @property
     def ca_file(self) -> Path:
         return self.workdir / "certs" / "apiserver.crt"
+
+    @property
+    def audit_log(self) -> Path:
+        """JSON lines, one audit event per request of a ServiceAccount (see AUDIT_POLICY)."""
+        return self.workdir / "audit.log"
 
     def request(
         self, method: str, path: str, body: object = None, content_type: str = "application/json", accept: str = ""
@@ -182,6 +196,7 @@ def start_control_plane(crds: Sequence[Path] = (), *, start_controller_manager: 
     token = secrets.token_hex(16)
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     (workdir / "tokens.csv").write_text(f"{token},admin,admin,system:masters\n")
+    (workdir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
     write_service_account_keys(workdir / "sa.key", workdir / "sa.pub")
     server = f"https://127.0.0.1:{api_port}"
     kubeconfig = workdir / "kubeconfig"
@@ -222,6 +237,8 @@ def start_control_plane(crds: Sequence[Path] = (), *, start_controller_manager: 
                 "--authorization-mode=RBAC",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--disable-admission-plugins=ServiceAccount",
+                f"--audit-policy-file={workdir / 'audit-policy.yaml'}",
+                f"--audit-log-path={workdir / 'audit.log'}",
             ],
         )
         wait_until(lambda: _ready(cp), timeout=60, what="kube-apiserver /readyz")

@@ -1,0 +1,67 @@
+{{/*
+The operator's rules, only the verbs it uses (tests/integration/chart runs the operator as this
+ServiceAccount and nothing more). `kuberl.namespacedRules` holds what lives in a namespace; with
+rbac.scope=cluster they go into the ClusterRole, with rbac.scope=namespace into a Role per watched
+namespace. Server-side apply of an object that does not exist yet creates it, and the API server then
+checks `create` as well as `patch`: hence create+patch on what the operator applies.
+*/}}
+
+{{- define "kuberl.namespacedRules" -}}
+# ---- framework (kopf) ----
+# The watch stream of RLJobs, and kopf's bookkeeping annotations on them (kuberl.io/...).
+- apiGroups: ["kuberl.io"]
+  resources: ["rljobs"]
+  verbs: ["list", "watch", "patch"]
+# The watch stream of RayJobs labelled kuberl.io/job: KubeRay moving a RayJob triggers a reconcile pass.
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs"]
+  verbs: ["list", "watch"]
+# Events: kopf posts handler warnings and errors; the operator posts its own on phase transitions.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+# ---- application (kuberl's reconcile pass) ----
+# Read the RLJob; delete it when spec.runPolicy.ttlSecondsAfterFinished is up.
+- apiGroups: ["kuberl.io"]
+  resources: ["rljobs"]
+  verbs: ["get", "delete"]
+# Write the operator's status fields (phase, conditions, restarts; server-side apply).
+- apiGroups: ["kuberl.io"]
+  resources: ["rljobs/status"]
+  verbs: ["patch"]
+# The job's RayJobs: listed by label, applied (server-side apply creates), deleted on restart and suspend.
+# KubeRay, not kuberl, creates the pods; kuberl never touches pods, services or secrets.
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs"]
+  verbs: ["list", "create", "patch", "delete"]
+# The job's spec ConfigMap `<rljob>-spec`, mounted in every Ray pod (server-side apply creates).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
+{{- define "kuberl.clusterRules" -}}
+# ---- framework (kopf), cluster-scoped ----
+# CRD discovery: kopf notices resources added after it started (e.g. KubeRay installed after kuberl).
+# Without it kopf scans once at start-up and logs a warning.
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if eq .Values.rbac.scope "namespace" }}
+# Namespace discovery: kopf lists and watches namespaces when it serves some, not all of them.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- if .Values.webhook.enabled }}
+# The admission webhook configuration kopf keeps current (created if absent, then patched with the
+# service and CA bundle). kopf manages the mutating kind beside the validating one (it stays empty).
+# `create` cannot be limited by name in RBAC; `patch` is limited to the one configuration.
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
+  verbs: ["create"]
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
+  resourceNames: [{{ include "kuberl.webhookConfigurationName" . | quote }}]
+  verbs: ["patch"]
+{{- end }}
+{{- end }}

@@ -1,0 +1,293 @@
+"""The chart's RBAC on a real API server: enough for the operator and the runtime to work, and no more.
+
+Each test runs once per `rbac.scope` (the `installation` fixture): the operator authenticates with the
+chart's ServiceAccount token only. A missing verb shows up as a job that never progresses and as a
+403 in the API server's audit log; an excess one as a granted verb the audit log never shows the
+operator using, or as an access review that says yes where it must say no.
+"""
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from kuberl.runtime.status_publisher import KubernetesStatusPublisher
+from tests.integration.chart.conftest import Installation
+from tests.integration.envtest import ControlPlane, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def granted_verbs(installation: Installation) -> set[tuple[str, str, str]]:
+    """(verb, apiGroup, resource[/subresource]) of every rule the chart gives the operator."""
+    roles = [
+        obj
+        for obj in installation.objects
+        if obj["kind"] in ("Role", "ClusterRole")
+        and any(binding_grants(b, obj, installation) for b in installation.objects)
+    ]
+    return {
+        (verb, group, resource)
+        for role in roles
+        for rule in role["rules"]
+        for verb in rule["verbs"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+
+
+def binding_grants(binding: dict[str, Any], role: dict[str, Any], installation: Installation) -> bool:
+    """Whether `binding` gives `role` to the operator's ServiceAccount."""
+    if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+        return False
+    ref = binding["roleRef"]
+    if (ref["kind"], ref["name"]) != (role["kind"], role["metadata"]["name"]):
+        return False
+    if role["kind"] == "Role" and binding["metadata"]["namespace"] != role["metadata"]["namespace"]:
+        return False
+    return {
+        "kind": "ServiceAccount",
+        "name": installation.service_account,
+        "namespace": installation.release_namespace,
+    } in binding["subjects"]
+
+
+def operator_requests(cp: ControlPlane, user: str) -> dict[tuple[str, str, str], set[int]]:
+    """(verb, apiGroup, resource[/subresource]) -> HTTP codes of `user`'s requests, from the audit log.
+
+    Requests sent with urllib are these tests' probes and left out. A watch being served has no code
+    yet (0: received, not refused; a refused one completes at once with 403). A server-side apply
+    (PATCH) answered 201 created the object, which the API server authorized as `create` too.
+    """
+    answers: dict[tuple[str, str, str], set[int]] = {}
+    for line in cp.audit_log.read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef")
+        if event["user"]["username"] != user or ref is None or event.get("userAgent", "").startswith("Python-urllib"):
+            continue
+        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        code = int(event.get("responseStatus", {}).get("code", 0))
+        answers.setdefault((event["verb"], ref.get("apiGroup", ""), resource), set()).add(code)
+        if event["verb"] == "patch" and code == 201:
+            answers.setdefault(("create", ref.get("apiGroup", ""), resource), set()).add(code)
+    return answers
+
+
+def call(cp: ControlPlane, token: str, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
+    """One request with `token` (not the admin's); HTTPError on a refusal."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type or "application/json"}
+    request = urllib.request.Request(cp.server + path, data=data, method=method, headers=headers)
+    context = ssl.create_default_context(cafile=str(cp.ca_file))
+    with urllib.request.urlopen(request, context=context, timeout=30) as response:
+        text = response.read()
+    return json.loads(text) if text else None
+
+
+def refused_status(cp: ControlPlane, token: str, method: str, path: str, body: Any = None) -> int:
+    with pytest.raises(urllib.error.HTTPError) as refusal:
+        call(cp, token, method, path, body)
+    return refusal.value.code
+
+
+def allowed(cp: ControlPlane, token: str, namespace: str | None, verb: str, resource: str, group: str = "") -> bool:
+    """SelfSubjectAccessReview: may the token's owner do this?"""
+    attributes = {"verb": verb, "resource": resource, "group": group}
+    if namespace is not None:
+        attributes["namespace"] = namespace
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": attributes},
+    }
+    answer = call(cp, token, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+    return bool(answer["status"]["allowed"])
+
+
+def rljob_path(namespace: str, name: str = "") -> str:
+    return f"/apis/kuberl.io/v1alpha1/namespaces/{namespace}/rljobs" + (f"/{name}" if name else "")
+
+
+def create_rljob(cp: ControlPlane, namespace: str, name: str, **spec_changes: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "models": {"actor": {"path": "tiny://demo"}},
+        "data": {"train": "/data/train.jsonl"},
+        "reward": {"function": "tiny_task"},
+    }
+    spec.update(spec_changes)
+    manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name}, "spec": spec}
+    return dict(cp.request("POST", rljob_path(namespace), manifest))
+
+
+def get_or_none(cp: ControlPlane, path: str) -> dict[str, Any] | None:
+    try:
+        return dict(cp.request("GET", path))
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return None
+        raise
+
+
+def rljob(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any] | None:
+    return get_or_none(cp, rljob_path(namespace, name))
+
+
+def rayjob(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any] | None:
+    return get_or_none(cp, f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}")
+
+
+def status_of(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+    return dict(cp.request("GET", rljob_path(namespace, name)).get("status") or {})
+
+
+def play_kuberay(cp: ControlPlane, namespace: str, rayjob: str, deployment: str, job_status: str) -> None:
+    """Move a RayJob's status as KubeRay would (as the admin: KubeRay is not under test)."""
+    cp.request(
+        "PATCH",
+        f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{rayjob}/status",
+        {"status": {"jobDeploymentStatus": deployment, "jobStatus": job_status}},
+        content_type="application/merge-patch+json",
+    )
+
+
+def live_a_whole_life(cp: ControlPlane, ns: str, name: str) -> None:
+    """Every verb of the reconcile pass: RayJob + ConfigMap applied, status written, a failed RayJob
+    replaced and deleted, Events posted, and the finished RLJob deleted by its TTL."""
+    create_rljob(cp, ns, name, runPolicy={"maxRestarts": 1, "backoffSeconds": 0, "ttlSecondsAfterFinished": 0})
+    first = wait_until(lambda: rayjob(cp, ns, f"{name}-0"), timeout=30, what=f"the RayJob {name}-0")
+    assert first["metadata"]["ownerReferences"][0]["name"] == name
+    configmap = cp.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-spec")
+    assert "tiny://demo" in configmap["data"]["rljob.yaml"]
+    assert status_of(cp, ns, name)["rayJobName"] == f"{name}-0"
+    play_kuberay(cp, ns, f"{name}-0", "Failed", "FAILED")
+    wait_until(lambda: rayjob(cp, ns, f"{name}-1"), timeout=30, what=f"the RayJob {name}-1 (a restart)")
+    wait_until(lambda: rayjob(cp, ns, f"{name}-0") is None, timeout=30, what=f"{name}-0 deleted")
+    play_kuberay(cp, ns, f"{name}-1", "Complete", "SUCCEEDED")
+    # Usually within a second. When the resync timer is mid-run as the deletion arrives, kopf releases its
+    # finalizer only at its next cancellation poll (settings.background.cancellation_polling, 60 s by default).
+    wait_until(lambda: rljob(cp, ns, name) is None, timeout=90, what="the RLJob deleted by its TTL")
+
+
+def test_operator_runs_a_job_through_a_restart_to_success_and_ttl_with_the_charts_rbac(
+    control_plane: ControlPlane, installation: Installation
+):
+    live_a_whole_life(control_plane, installation.jobs_namespace, "life")
+    events = control_plane.request("GET", f"/api/v1/namespaces/{installation.jobs_namespace}/events")["items"]
+    reasons = {event["reason"] for event in events if event["involvedObject"]["name"] == "life"}
+    assert {"RayJobCreated", "RayJobSucceeded"} <= reasons
+
+
+def test_operator_uses_every_verb_it_is_granted_and_is_refused_none(
+    control_plane: ControlPlane, installation: Installation
+):
+    """The API server's audit log of the operator's own requests (not these tests' probes) against the chart's rules."""
+    live_a_whole_life(control_plane, installation.jobs_namespace, "audited")
+    granted = granted_verbs(installation)
+    user = f"system:serviceaccount:{installation.release_namespace}:{installation.service_account}"
+
+    deadline = time.monotonic() + 10  # the audit log is written just after the answers
+    answers = operator_requests(control_plane, user)
+    while not granted <= answers.keys() and time.monotonic() < deadline:
+        time.sleep(0.2)
+        answers = operator_requests(control_plane, user)
+    assert {key: codes for key, codes in answers.items() if 403 in codes} == {}
+    assert answers.keys() - granted == set()  # (would be refused anyway; a new call needs a new rule)
+    assert granted - answers.keys() == set()
+
+
+def test_operator_registers_its_webhook_and_it_refuses_a_bad_rljob(
+    control_plane: ControlPlane, installation: Installation
+):
+    path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{installation.webhook_configuration}"
+    (webhook,) = control_plane.request("GET", path)["webhooks"]
+    assert webhook["name"] == f"validate-rljob.{installation.webhook_configuration}"
+    assert webhook["clientConfig"]["caBundle"]
+    with pytest.raises(urllib.error.HTTPError) as refusal:
+        create_rljob(
+            control_plane, installation.jobs_namespace, "needs-critic", algorithm={"advantageEstimator": "gae"}
+        )
+    assert "spec.models.critic" in refusal.value.read().decode()
+
+
+def test_operator_logs_no_permission_problem(control_plane: ControlPlane, installation: Installation):
+    create_rljob(control_plane, installation.jobs_namespace, "quiet")
+    wait_until(
+        lambda: status_of(control_plane, installation.jobs_namespace, "quiet").get("rayJobName"),
+        timeout=30,
+        what="the operator's first pass",
+    )
+    problems = [
+        record.getMessage()
+        for record in installation.logs
+        if any(word in record.getMessage() for word in ("403", "Forbidden", "forbidden", "permission"))
+    ]
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/api/v1/namespaces/{ns}/secrets", None),
+        ("GET", "/api/v1/secrets", None),
+        ("POST", "/api/v1/namespaces/{ns}/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}}),
+        ("GET", "/api/v1/namespaces/{ns}/pods", None),
+        ("DELETE", "/api/v1/namespaces/{ns}", None),
+    ],
+    ids=["get-secrets", "list-all-secrets", "create-pod", "list-pods", "delete-namespace"],
+)
+def test_operator_is_refused_what_it_does_not_need(
+    control_plane: ControlPlane, installation: Installation, method: str, path: str, body: Any
+):
+    target = path.format(ns=installation.jobs_namespace)
+    assert refused_status(control_plane, installation.operator_token, method, target, body) == 403
+
+
+def test_operator_may_not_write_rbac_or_webhooks_of_others(control_plane: ControlPlane, installation: Installation):
+    token, ns = installation.operator_token, installation.jobs_namespace
+    assert not allowed(control_plane, token, ns, "create", "rolebindings", "rbac.authorization.k8s.io")
+    assert not allowed(control_plane, token, None, "create", "clusterrolebindings", "rbac.authorization.k8s.io")
+    other = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration"}
+    path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/someone-else.example.com"
+    assert refused_status(control_plane, token, "PATCH", path, other) == 403
+
+
+def test_namespace_scope_operator_sees_no_other_namespace(control_plane: ControlPlane, installation: Installation):
+    if installation.scope != "namespace":
+        pytest.skip("only rbac.scope=namespace limits the operator to its namespaces")
+    token = installation.operator_token
+    assert not allowed(control_plane, token, installation.release_namespace, "list", "rljobs", "kuberl.io")
+    assert not allowed(control_plane, token, "default", "patch", "configmaps")
+    assert allowed(control_plane, token, installation.jobs_namespace, "patch", "configmaps")
+
+
+def test_runtime_publishes_progress_with_its_service_account(control_plane: ControlPlane, installation: Installation):
+    ns = installation.jobs_namespace
+    create_rljob(control_plane, ns, "publishing")
+    wait_until(lambda: status_of(control_plane, ns, "publishing").get("phase"), timeout=30, what="a phase")
+    publisher = KubernetesStatusPublisher(
+        "publishing",
+        ns,
+        control_plane.server,
+        installation.runtime_token_file,
+        ssl.create_default_context(cafile=str(control_plane.ca_file)),
+        min_interval=0.0,
+    )
+    publisher.publish({"step": 5, "totalSteps": 60}, {"rewardMean": 0.25}, None)
+    publisher.close(timeout=10)
+    status = status_of(control_plane, ns, "publishing")
+    assert status["progress"]["step"] == 5
+    assert status["metrics"]["rewardMean"] == 0.25
+    assert status["phase"]  # the operator's fields are untouched
+
+
+def test_runtime_can_neither_read_nor_change_a_spec(control_plane: ControlPlane, installation: Installation):
+    token, ns = installation.runtime_token, installation.jobs_namespace
+    create_rljob(control_plane, ns, "guarded")
+    assert refused_status(control_plane, token, "GET", rljob_path(ns, "guarded")) == 403
+    assert not allowed(control_plane, token, ns, "patch", "rljobs", "kuberl.io")
+    assert not allowed(control_plane, token, ns, "get", "secrets")
+    assert not allowed(control_plane, token, ns, "create", "pods")

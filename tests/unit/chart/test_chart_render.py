@@ -1,0 +1,230 @@
+"""charts/kuberl rendered by Helm's engine: secure pods, least-privilege RBAC, wiring the operator understands.
+
+Needs helm-python-sdk (the `dev` extra); skipped without it.
+"""
+
+from typing import Any
+
+import pytest
+import yaml
+
+from kuberl.cli import build_parser
+from kuberl.operator.settings import OperatorSettings
+from tests.unit.chart.rendering import (
+    CHART,
+    RELEASE_NAMESPACE,
+    container_env,
+    crd_files,
+    of_kind,
+    one,
+    operator_container,
+    rbac_rules,
+    render,
+)
+
+helm_python = pytest.importorskip("helm_python")
+
+CLUSTER: dict[str, Any] = {}
+NAMESPACED: dict[str, Any] = {"rbac": {"scope": "namespace"}, "watchNamespaces": ["team-a", "team-b"]}
+EVERYTHING_ON: dict[str, Any] = {
+    "metrics": {"serviceMonitor": {"enabled": True}},
+    "webhook": {"certSecret": "kuberl-webhook-tls"},
+}
+SCOPES = pytest.mark.parametrize("values", [CLUSTER, NAMESPACED], ids=["cluster", "namespace"])
+
+
+def operator_args(objects: list[dict[str, Any]]) -> Any:
+    """The container's args as `kuberl operator` (the image's ENTRYPOINT) parses them."""
+    return build_parser().parse_args(["operator", *operator_container(objects)["args"]])
+
+
+def test_helm_lint_finds_no_warning():
+    report = helm_python.lint(CHART, strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_crd_ships_in_the_crds_folder_helm_installs_first():
+    with helm_python.Chart.load(CHART) as chart:
+        assert [crd["name"] for crd in chart.crds] == ["crds/kuberl.io_rljobs.yaml"]
+    (crd,) = [yaml.safe_load(path.read_text()) for path in crd_files()]
+    assert crd["kind"] == "CustomResourceDefinition"
+    assert crd["metadata"]["name"] == "rljobs.kuberl.io"
+
+
+@SCOPES
+def test_operator_pod_runs_with_secure_defaults(values: dict[str, Any]):
+    objects = render(values)
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    container = operator_container(objects)
+    security = container["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+
+
+@SCOPES
+def test_operator_has_requests_limits_and_probes(values: dict[str, Any]):
+    container = operator_container(render(values))
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    assert container["resources"]["limits"] == {"memory": "512Mi"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
+
+
+@pytest.mark.parametrize("values", [CLUSTER, NAMESPACED, EVERYTHING_ON], ids=["cluster", "namespace", "all-on"])
+def test_no_rbac_rule_uses_a_wildcard(values: dict[str, Any]):
+    rules = rbac_rules(render(values))
+    assert rules
+    for role, rule in rules:
+        for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+            assert "*" not in rule.get(field, []), f"{role['kind']} {role['metadata']['name']}: {rule}"
+
+
+@SCOPES
+def test_operator_can_never_touch_pods_or_secrets(values: dict[str, Any]):
+    granted = {resource for _, rule in rbac_rules(render(values)) for resource in rule["resources"]}
+    assert granted.isdisjoint({"pods", "secrets", "services", "serviceaccounts", "roles", "rolebindings"})
+
+
+def test_cluster_scope_grants_one_cluster_role_and_watches_everywhere():
+    objects = render(CLUSTER)
+    assert of_kind(objects, "Role") == []
+    assert {binding["roleRef"]["kind"] for binding in of_kind(objects, "RoleBinding")} == {"ClusterRole"}  # runtime
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == "kuberl-kuberl-system"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl", "namespace": RELEASE_NAMESPACE}]
+    assert operator_args(objects).namespace is None  # kopf runs cluster-wide
+    resources = {r for _, rule in rbac_rules(objects) for r in rule["resources"]}
+    assert "namespaces" not in resources  # cluster-wide kopf never lists namespaces
+
+
+def test_namespace_scope_grants_roles_only_in_the_watched_namespaces():
+    objects = render(NAMESPACED)
+    roles = of_kind(objects, "Role")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    operator_role = one(objects, "ClusterRole", "kuberl-kuberl-system")
+    cluster_wide = {r for rule in operator_role["rules"] for r in rule["resources"]}
+    assert cluster_wide.isdisjoint({"rljobs", "rayjobs", "configmaps", "events"})
+    assert operator_args(objects).namespace == ["team-a", "team-b"]
+    bindings = [b for b in of_kind(objects, "RoleBinding") if b["roleRef"]["kind"] == "Role"]
+    assert {(b["metadata"]["namespace"], b["subjects"][0]["namespace"]) for b in bindings} == {
+        ("team-a", RELEASE_NAMESPACE),
+        ("team-b", RELEASE_NAMESPACE),
+    }
+
+
+def test_namespace_scope_without_a_list_watches_the_release_namespace():
+    objects = render({"rbac": {"scope": "namespace"}})
+    assert [role["metadata"]["namespace"] for role in of_kind(objects, "Role")] == [RELEASE_NAMESPACE]
+    assert operator_args(objects).namespace == [RELEASE_NAMESPACE]
+
+
+def test_unknown_scope_is_refused_naming_the_choices():
+    with pytest.raises(helm_python.HelmRenderError, match="rbac.scope must be `cluster` or `namespace`"):
+        render({"rbac": {"scope": "everything"}})
+
+
+def test_webhook_patch_is_limited_to_its_own_configuration():
+    rules = [rule for _, rule in rbac_rules(render(CLUSTER)) if "patch" in rule["verbs"]]
+    (webhook_rule,) = [rule for rule in rules if rule["apiGroups"] == ["admissionregistration.k8s.io"]]
+    assert webhook_rule["resourceNames"] == ["kuberl.kuberl-system.kuberl.io"]
+
+
+@SCOPES
+def test_runtime_may_patch_rljob_status_and_nothing_else(values: dict[str, Any]):
+    objects = render(values)
+    role = one(objects, "ClusterRole", "kuberl-kuberl-system-runtime")
+    assert role["rules"] == [{"apiGroups": ["kuberl.io"], "resources": ["rljobs/status"], "verbs": ["patch"]}]
+    expected = ["team-a", "team-b"] if values else [RELEASE_NAMESPACE]
+    accounts = [sa for sa in of_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "kuberl-runtime"]
+    assert sorted(sa["metadata"]["namespace"] for sa in accounts) == expected
+
+
+def test_namespace_editors_may_write_rljobs_but_not_their_status():
+    objects = render(CLUSTER)
+    editor = one(objects, "ClusterRole", "kuberl-kuberl-system-rljob-editor")
+    viewer = one(objects, "ClusterRole", "kuberl-kuberl-system-rljob-viewer")
+    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    status_rule = next(rule for rule in editor["rules"] if rule["resources"] == ["rljobs/status"])
+    assert status_rule["verbs"] == ["get"]
+    assert {verb for rule in viewer["rules"] for verb in rule["verbs"]} == {"get", "list", "watch"}
+
+
+def test_default_roles_are_left_alone_when_asked():
+    objects = render({"rbac": {"aggregateToDefaultRoles": False}})
+    assert not any("rljob-" in role["metadata"]["name"] for role in of_kind(objects, "ClusterRole"))
+
+
+def test_image_tags_default_to_the_app_version():
+    objects = render(CLUSTER)
+    container = operator_container(objects)
+    assert container["image"] == "ghcr.io/kuberl/operator:0.1.0"
+    assert container_env(container)["KUBERL_RUNTIME_IMAGE"] == "ghcr.io/kuberl/runtime:0.1.0"
+
+
+def test_one_replica_replaced_with_recreate():
+    spec = one(render(CLUSTER), "Deployment")["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+
+
+def test_container_args_and_env_are_settings_the_operator_reads():
+    objects = render(CLUSTER)
+    container = operator_container(objects)
+    args = operator_args(objects)
+    settings = OperatorSettings.from_env(
+        container_env(container), metrics_port=args.metrics_port, webhook_port=args.webhook_port
+    )
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert (settings.metrics_port, settings.webhook_port) == (ports["metrics"], ports["webhook"])
+    assert settings.webhook_service == "kuberl-system/kuberl-webhook:443"
+    assert settings.webhook_host == "kuberl-webhook.kuberl-system.svc"  # the self-signed certificate's name
+    assert settings.webhook_configuration == "kuberl.kuberl-system.kuberl.io"
+    assert settings.webhook_cert is None  # self-signed at start-up
+
+
+def test_webhook_service_reaches_the_webhook_port():
+    objects = render(CLUSTER)
+    service = one(objects, "Service", "kuberl-webhook")
+    pod = one(objects, "Deployment")["spec"]["template"]
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+
+
+def test_webhook_certificate_secret_is_mounted_and_used():
+    objects = render(EVERYTHING_ON)
+    container = operator_container(objects)
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    env = container_env(container)
+    assert (env["KUBERL_WEBHOOK_CERT"], env["KUBERL_WEBHOOK_KEY"]) == (
+        "/etc/kuberl/webhook-tls/tls.crt",
+        "/etc/kuberl/webhook-tls/tls.key",
+    )
+    assert {"name": "webhook-tls", "secret": {"secretName": "kuberl-webhook-tls"}} in pod["volumes"]
+
+
+def test_webhook_disabled_removes_its_port_service_and_rbac():
+    objects = render({"webhook": {"enabled": False}})
+    container = operator_container(objects)
+    assert operator_args(objects).webhook_port is None
+    assert container_env(container)["KUBERL_WEBHOOK_CONFIGURATION"] == ""
+    assert [s["metadata"]["name"] for s in of_kind(objects, "Service")] == ["kuberl-metrics"]
+    assert all("admissionregistration.k8s.io" not in rule["apiGroups"] for _, rule in rbac_rules(objects))
+    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+
+
+def test_service_monitor_only_when_asked():
+    assert of_kind(render(CLUSTER), "ServiceMonitor") == []
+    objects = render(EVERYTHING_ON)
+    monitor = one(objects, "ServiceMonitor")
+    service = one(objects, "Service", "kuberl-metrics")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
