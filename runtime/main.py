@@ -179,8 +179,8 @@ def run_job(
     from kuberl.runtime.plan import make_plan
     from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
 
+    plan = make_plan(job, output_dir, base_dir, cache_dir())  # every check before anything is written
     output_dir.mkdir(parents=True, exist_ok=True)
-    plan = make_plan(job, output_dir, base_dir, cache_dir())
     (output_dir / "job.yaml").write_text(_yaml(job.to_manifest()), encoding="utf-8")
     started_ray = start_ray(address, cpus_needed(job))
     actor: Any = None

@@ -2,6 +2,8 @@
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -70,8 +72,15 @@ def test_batch_that_cannot_be_split_over_the_ranks_is_refused(tmp_path, capsys):
 
 
 def test_nothing_is_started_or_written_before_the_checks(tmp_path):
+    # A fresh interpreter: the test session's own Ray must not hide a Ray the run started.
     path = write_job(tmp_path, **{"data.train": "nowhere.jsonl"})
-    import ray
-
-    run_cli(path, tmp_path)
-    assert not ray.is_initialized()
+    probe = (
+        "import argparse, sys, ray\n"
+        "from kuberl.runtime.main import run_from_cli\n"
+        f"code = run_from_cli(argparse.Namespace(spec={str(path)!r}, output={str(tmp_path / 'out')!r}, address=None))\n"
+        "print(code, ray.is_initialized())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert done.stdout.split() == ["1", "False"], done.stderr
+    assert "data.train" in done.stderr
+    assert not (tmp_path / "out").exists()
