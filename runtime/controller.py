@@ -54,6 +54,7 @@ class Groups:
     reward: Any  # the elastic RewardPool: score(prompts, completions, samples), metrics()
     critic: WorkerGroup | None = None  # critic with a pool of its own
     reference: WorkerGroup | None = None  # reference with a pool of its own
+    rollout: WorkerGroup | None = None  # rollout.mode separate: engine replicas fed by weight broadcast
 
     def host(self, role: str) -> WorkerGroup:
         own = {"critic": self.critic, "reference": self.reference}.get(role)
@@ -72,6 +73,7 @@ class Controller:
         self.needs_baseline = "baseline_scores" in getattr(self.estimator, "reads", ())
         self.kl_coef = spec.algorithm.kl.coef or 0.0
         self.pad_id = plan.tokenizer.pad_token_id if plan.tokenizer.pad_token_id is not None else 0
+        self.weight_version = 0  # the training step whose weights the engines hold (0: the initial model)
         self.update_config = UpdateConfig(
             ppo_epochs=spec.algorithm.ppo_epochs,
             mini_batches=plan.mini_batches,
@@ -91,6 +93,8 @@ class Controller:
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, start_step: int, on_step: Callable[[StepResult], None]) -> None:
+        if start_step > 0 and self.groups.rollout is not None:
+            self.sync(None, start_step)  # the pool starts from the initial model; resumed weights are newer
         for step in range(start_step, self.plan.total_steps):
             on_step(self.step(step))
 
@@ -111,7 +115,7 @@ class Controller:
         timed("critic", self.critic_values, batch)
         timed("advantages", self.advantages, batch, failed)
         update_metrics = timed("update", self.update, batch)
-        sync_metrics = timed("sync", self.sync, batch)
+        sync_metrics = timed("sync", self.sync, batch, step + 1)
         metrics = {**self.batch_metrics(batch, failed), **update_metrics, **sync_metrics, **timings}
         metrics.update(self.groups.reward.metrics())
         metrics["time/step"] = sum(timings.values())
@@ -134,16 +138,19 @@ class Controller:
         )
 
     def _generate(self, prompts: list[Prompt], step: int, greedy: bool = False) -> list[list[Generation]]:
-        group = self.groups.actor
-        shards = np.array_split(np.arange(len(prompts)), group.world_size)
-        calls = [
-            group.workers[rank].generate.remote(
-                [prompts[i].input_ids for i in shard], self.sampling(step, rank, greedy=greedy)
-            )
-            for rank, shard in enumerate(shards)
-        ]
+        """Prompts split over the engines: the actor's ranks (colocated) or the rollout replicas (separate)."""
         import ray
 
+        separate = self.groups.rollout is not None
+        group = self.groups.rollout if separate else self.groups.actor
+        assert group is not None
+        shards = np.array_split(np.arange(len(prompts)), group.world_size)
+        calls = []
+        for rank, shard in enumerate(shards):
+            inputs = [prompts[i].input_ids for i in shard]
+            params = self.sampling(step, rank, greedy=greedy)
+            version = (self.weight_version,) if separate else ()
+            calls.append(group.workers[rank].generate.remote(inputs, params, *version))
         return [generations for part in ray.get(calls) for generations in part]
 
     def rollout(self, prompts: list[Prompt], step: int) -> RolloutBatch:
@@ -261,10 +268,17 @@ class Controller:
         metrics.update(self.groups.actor.call_sharded("update_actor", laid_out, config=self.update_config)[0])
         return metrics
 
-    def sync(self, batch: RolloutBatch) -> dict[str, float]:
-        results = self.groups.actor.call("sync_weights")
+    def sync(self, batch: RolloutBatch | None, version: int) -> dict[str, float]:
+        """The actor's new weights into the engines: in place (colocated) or by broadcast (separate)."""
+        if self.groups.rollout is None:
+            results = self.groups.actor.call("sync_weights")
+        else:
+            buckets = self.groups.actor.call("publish_weights", self.spec.rollout.sync_bucket_mb)[0]
+            results = self.groups.rollout.call("load_weights_from", buckets, version)
+            del buckets  # the object store frees the buckets once every replica has loaded them
+        self.weight_version = version
         metrics = {"sync/seconds": max(r["sync/seconds"] for r in results), "sync/bytes": results[0]["sync/bytes"]}
-        if self.spec.rollout.verify_sync:
+        if self.spec.rollout.verify_sync and batch is not None:
             metrics["sync/max_logprob_diff"] = self.verify_sync(batch)
         return metrics
 
@@ -272,8 +286,13 @@ class Controller:
         """Score a fixed probe with trainer and engine; fail beyond rollout.verifySyncTolerance."""
         prompt = batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist()
         response = batch.response_ids[0][batch.response_mask[0].bool()].tolist() or [self.pad_id]
-        probes = self.groups.actor.call("probe_logprobs", prompt, response, self.spec.rollout.temperature)
-        diff = max(float((torch.tensor(p["trainer"]) - torch.tensor(p["engine"])).abs().max()) for p in probes)
+        temperature = self.spec.rollout.temperature
+        probes = self.groups.actor.call("probe_logprobs", prompt, response, temperature)
+        pairs = [(p["trainer"], p["engine"]) for p in probes if p["engine"]]
+        if self.groups.rollout is not None:
+            engines = self.groups.rollout.call("response_logprobs", prompt, response, temperature, self.weight_version)
+            pairs += [(probes[0]["trainer"], engine) for engine in engines]
+        diff = max(float((torch.tensor(t) - torch.tensor(e)).abs().max()) for t, e in pairs)
         if diff > self.spec.rollout.verify_sync_tolerance:
             raise SyncMismatchError(
                 f"after the weight sync the rollout engine's log-probs differ from the trainer's by {diff:.3g} "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kuberl.api import ManifestError, RLJob, load_rljob_file
+from kuberl.api import ManifestError, RLJob, RolloutMode, load_rljob_file
 
 log = logging.getLogger("kuberl.runtime")
 EXIT_CONFIG_ERROR = 1
@@ -57,7 +57,7 @@ def start_ray(address: str | None, cpus_needed: float) -> bool:
 def cpus_needed(job: RLJob) -> float:
     resources = job.spec.resources
     total = resources.actor.cpus * resources.actor.world_size
-    for pool in (resources.critic, resources.reference):
+    for pool in (resources.critic, resources.reference, resources.rollout):
         if pool is not None:
             total += pool.cpus * pool.replicas
     # the reward pool may grow to its maximum; locally those workers need room too
@@ -85,6 +85,26 @@ def checkpoint_uri(job: RLJob, output_dir: Path) -> str:
     return str(output_dir / "checkpoints")
 
 
+def start_rollout_pool(job: RLJob, plan: Any) -> Any:
+    """rollout.mode separate: a pool of engine replicas of its own (weight version 0 = the initial model)."""
+    from kuberl.runtime.workers.group import GroupResources, WorkerGroup
+    from kuberl.runtime.workers.rollout_worker import RolloutWorker
+
+    pool = job.spec.resources.rollout
+    assert pool is not None  # the API refuses separate mode without resources.rollout
+    group = WorkerGroup(
+        RolloutWorker, "rollout", GroupResources(pool.replicas, pool.cpus, pool.gpus, worker_per_replica=True)
+    )
+    try:
+        group.call(
+            "setup", job.to_manifest(), plan.model_paths["actor"], plan.model_paths["actor"], int(pool.cpus) or 1
+        )
+    except BaseException:
+        group.kill()
+        raise
+    return group
+
+
 def start_groups(job: RLJob, plan: Any) -> tuple[Any, Any]:
     """The actor group (with its colocated roles), set up, and the elastic reward pool."""
     import ray
@@ -95,7 +115,7 @@ def start_groups(job: RLJob, plan: Any) -> tuple[Any, Any]:
 
     spec = job.spec
     actor_pool = spec.resources.actor
-    roles = ["actor", "rollout"]
+    roles = ["actor"] if spec.rollout.mode == RolloutMode.SEPARATE else ["actor", "rollout"]
     if spec.resources.reference is None and (spec.algorithm.kl.coef or 0) > 0:
         roles.append("reference")
     if spec.models.critic is not None and spec.resources.critic is None:
@@ -185,13 +205,16 @@ def run_job(
     started_ray = start_ray(address, cpus_needed(job))
     actor: Any = None
     reward: Any = None
+    rollout: Any = None
     publisher = StatusPublisher.from_environment()
     try:
         with PreemptionWatcher() as preemption:
             actor, reward = start_groups(job, plan)
+            if job.spec.rollout.mode == RolloutMode.SEPARATE:
+                rollout = start_rollout_pool(job, plan)
             checkpointing = Checkpointing(job, output_dir, actor)
             start_step = checkpointing.resume()
-            controller = Controller(plan, Groups(actor=actor, reward=reward))
+            controller = Controller(plan, Groups(actor=actor, reward=reward, rollout=rollout))
             reporter = RunReporter(output_dir, plan.total_steps, start_step=start_step, show_progress=progress)
 
             def on_step(result: StepResult) -> None:
@@ -222,8 +245,9 @@ def run_job(
         publisher.close()
         if reward is not None:
             reward.shutdown()
-        if actor is not None:
-            actor.kill()
+        for group in (actor, rollout):
+            if group is not None:
+                group.kill()
         if started_ray:
             ray.shutdown()
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kuberl.api import RLJob, RolloutMode
+from kuberl.api import RLJob
 from kuberl.runtime.data import PromptDataset, PromptLoader
 from kuberl.runtime.models.resolve import resolve_model_path
 
@@ -79,6 +79,4 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
             f"{rows_per_mini} responses cannot be split evenly over the actor's {world} ranks "
             "(spec.resources.actor); choose sizes whose product is a multiple of the rank count"
         )
-    if spec.rollout.mode == RolloutMode.SEPARATE:
-        raise RunConfigError("spec.rollout.mode: separate rollout pools arrive with the vLLM hybrid engine")
     return RunPlan(job, output_dir, base_dir, paths, tokenizer, loader, world, mini_batches)

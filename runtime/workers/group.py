@@ -20,9 +20,18 @@ class GroupResources:
     cpus: float
     gpus: int
 
+    #: False: one rank per GPU (FSDP trainers); True: one worker per replica spanning its GPUs (a TP engine)
+    worker_per_replica: bool = False
+
     @property
     def world_size(self) -> int:
-        return self.replicas * max(1, self.gpus)
+        return self.replicas if self.worker_per_replica else self.replicas * max(1, self.gpus)
+
+    @property
+    def gpus_per_worker(self) -> int:
+        if not self.gpus:
+            return 0
+        return self.gpus if self.worker_per_replica else 1
 
 
 def role_resource(role: str) -> str:
@@ -33,11 +42,11 @@ class WorkerGroup:
     def __init__(self, worker_cls: type, role: str, resources: GroupResources, env: dict[str, str] | None = None):
         self.role = role
         self.world_size = resources.world_size
-        per_rank_cpus = resources.cpus / max(1, resources.gpus) if resources.gpus else resources.cpus
+        per_rank_cpus = resources.cpus / (resources.world_size // resources.replicas)
         custom = {role_resource(role): 0.001} if role_resource(role) in ray.cluster_resources() else {}
         remote: Any = ray.remote(worker_cls).options(
             num_cpus=per_rank_cpus,
-            num_gpus=1 if resources.gpus else 0,
+            num_gpus=resources.gpus_per_worker,
             resources=custom,
             runtime_env={"env_vars": env or {}},
             max_concurrency=1,

@@ -150,6 +150,20 @@ class ModelWorker:
         loaded = self.engine.load_weights(self.trainers["actor"].full_tensors())
         return {"sync/bytes": float(loaded), "sync/seconds": time.perf_counter() - started}
 
+    def publish_weights(self, bucket_mb: int) -> list[Any] | None:
+        """Separate mode: the actor's weights into Ray's object store in buckets (rank 0 returns the refs).
+
+        Every rank iterates the gathers; only rank 0 keeps and stores the full tensors, one bucket at a time.
+        """
+        from kuberl.runtime.workers.rollout_worker import put_weight_buckets
+
+        weights = self.trainers["actor"].full_tensors()
+        if self.rank == 0:
+            return put_weight_buckets(weights, bucket_mb)
+        for _ in weights:
+            pass
+        return None
+
     def probe_logprobs(self, prompt: list[int], response: list[int], temperature: float) -> dict[str, list[float]]:
         """The same response scored by the trainer and by the engine (for rollout.verifySync)."""
         width = len(prompt)

@@ -14,12 +14,14 @@ def rewards(run) -> list[float]:
     return [record["reward/mean"] for record in run.history]
 
 
-def test_tiny_grpo_demo_learns(ray_session, tmp_path):
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_tiny_grpo_demo_learns(ray_session, tmp_path, engine):
     # The demo task pays 0.5 for answering in integers and 0.5 for the right ones. A random model
     # writes integers ~20% of the time, so the first steps score ~0.1; the mean over 64 responses
     # moves by ~0.0125 (one standard error) between steps. Learning the integer format alone lifts
     # it to ~0.5 within ~25 steps; demanding +0.15 (12 standard errors) cannot pass by chance.
-    run = run_job(demo_job(**{"training.totalSteps": 30}), tmp_path, demo_base_dir(), progress=False)
+    job = demo_job(**{"training.totalSteps": 30, "rollout.engine": engine})
+    run = run_job(job, tmp_path, demo_base_dir(), progress=False)
     first, last = rewards(run)[:5], rewards(run)[-5:]
     assert sum(last) / 5 > sum(first) / 5 + 0.15, rewards(run)
     # what a user finds afterwards

@@ -1,0 +1,353 @@
+"""The `vllm` rollout engine: a vLLM `LLM` in this process that the trainer's weights stream into in place.
+
+It implements `RolloutEngine` exactly like the `hf` engine (a drop-in), on vLLM's CPU build here and
+on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `vLLMAsyncRollout`):
+
+- Weight updates go through vLLM's own in-place reload (`collective_rpc("reload_weights",
+  weights_iterator=...)`), not verl's `model.load_weights(...)` on the bare model. On the CPU
+  backend vLLM repacks every linear layer after loading (oneDNN / SGL packed GEMM weights; the
+  `weight` parameter is left empty), so a plain `load_weights` fails (`'Parameter' object has no
+  attribute 'weight_loader'`) and, even where it would not, the packed copy would stay stale.
+  `reload_weights` restores each layer, loads it, repacks it and copies the result back into the
+  original storage, one layer at a time. The iterator is consumed lazily: apart from the tensors of
+  the layer being assembled, no second copy of the model exists at any moment (peak extra memory is
+  the largest layer rebuilt plus its packed copy: 0.5x the model at 100M, where the tied 32000 x 768
+  vocabulary matrix is a quarter of it).
+- With tied embeddings the checkpoint names only `embed_tokens.weight`, so reload repacks the
+  embedding but never the LM head that shares it; on CPU the head's packed copy would keep the old
+  weights. After each reload the head takes over the embedding's freshly packed GEMM
+  (`_refresh_shared_gemms`).
+- The sync costs what vLLM's CPU GEMMs cost: every linear layer is repacked (oneDNN) in fresh
+  memory — about 20x a plain copy of the tensors at 100M parameters here (bench/weight_sync.py).
+  Keeping weights unpacked (`F.linear`, vLLM's `_cpu_skip_gemm_dispatch`) makes the sync a single
+  in-place copy, but on this machine (AMD EPYC, MKL's fp32 GEMM) it generates 2-3x slower; the
+  rollout dominates a step, so the engine keeps vLLM's packed GEMMs.
+- The prefix cache is cleared after every load: KV blocks computed with the old weights must not
+  serve prompts of the new policy.
+- Log-probabilities follow kuberl's convention (`engines.sampling`): log_softmax(logits / T) of the
+  sampled token, unfiltered by top-k/top-p (greedy: T = 1). vLLM reports either the raw
+  distribution (`raw_logprobs`, T = 1) or the processed one (`processed_logprobs`: scaled *and*
+  filtered), fixed per engine. The engine picks `raw_logprobs` when the job samples at T = 1 (exact
+  for any top-k/top-p) and `processed_logprobs` otherwise (exact without top-k/top-p). A call that
+  neither mode answers exactly (T != 1 with top-k/top-p) is re-scored from full-vocabulary prompt
+  log-probs, which is exact but slow; a warning says so once.
+- Stopping: vLLM stops at every eos id of the model's generation_config.json (`<|im_end|>` as well
+  as `<|endoftext|>` for ChatML models) and at the caller's stop tokens; the hf engine only at the
+  tokenizer's eos and the caller's. Stop strings are matched on vLLM's incremental detokenization,
+  which holds back incomplete UTF-8 bytes, so a response may run a token past the hf engine's cut.
+- Seeds: request i gets a 63-bit seed derived from (params.seed, i); vLLM gives sample j of it
+  seed + j, so the same seed and prompts give the same responses, and no two rows of a call share
+  a random stream.
+- vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weights iterator is handed over
+  as a Python object, not serialized. Tensor parallelism (an engine spanning GPUs) is not offered.
+- On CPU, vLLM's sampler ranks each returned log-prob with a `torch.compile`d helper
+  (`batched_count_greater_than`); the engine swaps in the same expression run eagerly
+  (`_rank_eagerly`). torch 2.13's inductor emits C++ for the helper's dynamic-shape recompile that
+  g++ rejects on this machine ("'at::vec' has not been declared": a crash mid-rollout), and
+  compiling it costs seconds at the first request anyway; the eager form's (rows x vocab) mask is
+  nothing on CPU.
+- Sleep mode (free the KV cache and offload weights while the trainer runs) exists only on CUDA;
+  on CPU `sleep`/`wake_up` are no-ops.
+"""
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from kuberl.api import RLJobSpec
+from kuberl.runtime.engines.base import Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+#: KV-cache size on CPU when spec.rollout.kvCacheBytes is not set.
+DEFAULT_CPU_KV_CACHE_BYTES = 256 << 20
+RAW, PROCESSED = "raw_logprobs", "processed_logprobs"
+
+
+# -- pure helpers ---------------------------------------------------------------------------------
+def logprobs_mode_for(temperature: float) -> str:
+    """The vLLM `logprobs_mode` whose numbers are kuberl's for a job sampling at `temperature`."""
+    return RAW if temperature in (0.0, 1.0) else PROCESSED
+
+
+def engine_logprobs_are_exact(mode: str, params: SamplingParams) -> bool:
+    """Whether vLLM's sampled-token log-probs in `mode` equal log_softmax(logits / T) for this call.
+
+    Greedy (T = 0) scores at T = 1 in every mode. raw = T 1; processed = scaled and top-k/top-p filtered.
+    """
+    if params.temperature == 0.0:
+        return True
+    unfiltered = params.top_k is None and params.top_p >= 1.0
+    if mode == RAW:
+        return params.temperature == 1.0
+    return unfiltered
+
+
+def request_seed(seed: int, prompt_index: int) -> int:
+    """A 63-bit seed for prompt `prompt_index` of a call seeded `seed` (vLLM adds j for its sample j)."""
+    state = np.random.SeedSequence([int(seed) & (2**64 - 1), prompt_index]).generate_state(2, dtype=np.uint64)
+    return int(state[0] >> np.uint64(1))
+
+
+def to_vllm_sampling(params: SamplingParams, prompt_index: int) -> Any:
+    """vLLM's sampling settings for one prompt of a call: n samples, the sampled token's log-prob each."""
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    return VLLMSamplingParams(
+        n=params.n,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k is not None else 0,  # 0: no limit
+        max_tokens=params.max_new_tokens,
+        stop=list(params.stop) or None,
+        stop_token_ids=list(params.stop_token_ids),
+        seed=request_seed(params.seed, prompt_index),
+        logprobs=0,  # the sampled token only
+        detokenize=bool(params.stop),  # text is needed only to find stop strings
+    )
+
+
+def to_generation(completion: Any) -> Generation:
+    """A vLLM CompletionOutput as a Generation: its tokens, each token's log-prob, why it ended."""
+    ids = list(completion.token_ids)
+    logprobs = [step[token].logprob for step, token in zip(completion.logprobs, ids, strict=True)]
+    return Generation(ids, logprobs, "length" if completion.finish_reason == "length" else "stop")
+
+
+def tempered_logprobs(full: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    """log_softmax(logits / T)[target] from log_softmax(logits) over the whole vocabulary.
+
+    Exact, because log_softmax(lp / T) = log_softmax(logits / T) when lp = logits - logsumexp(logits):
+    the shift by logsumexp / T cancels.
+    """
+    scaled = full / temperature if temperature > 0 else full  # (R, V)
+    return scaled.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)  # (R,)
+
+
+def context_length(spec: RLJobSpec, model_path: str) -> int:
+    """The longest sequence a request needs (prompt + response + the one token a scoring request makes).
+
+    Capped at the model's `max_position_embeddings`, which vLLM refuses to exceed.
+    """
+    wanted = spec.data.max_prompt_length + spec.rollout.max_new_tokens + 1
+    config = Path(model_path) / "config.json"
+    limit = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
+    return min(wanted, int(limit)) if limit else wanted
+
+
+def _count_at_least(x: Tensor, values: Tensor) -> Tensor:
+    """Per row of x (B, V), how many entries are >= values (B, 1): vLLM's log-prob rank, eagerly."""
+    return (x >= values).sum(-1)  # (B,)
+
+
+def _rank_eagerly() -> None:
+    """Replace vLLM's compiled rank helper with `_count_at_least` (see the module docstring)."""
+    from vllm.v1.sample import sampler
+
+    setattr(sampler, "batched_count_greater_than", _count_at_least)  # noqa: B010 - not exported by vLLM
+
+
+# -- inside vLLM's worker (called through collective_rpc) -------------------------------------------
+def _refresh_shared_gemms(worker: Any) -> int:
+    """Point every module that shares its weight with an earlier one (a tied LM head) at that module's GEMM.
+
+    Returns how many modules were refreshed. On CPU each module keeps its own packed copy of its
+    weight for its GEMM (`cpu_linear`); reload rebuilds the copy of the module the checkpoint
+    names (the embedding) but never that of the head sharing it. The embedding's packed copy is
+    the head's matrix, so the head takes it over instead of packing the same weight again.
+    """
+    model = getattr(worker, "worker", worker).model_runner.get_model()
+    first_owner: dict[int, torch.nn.Module] = {}
+    refreshed = 0
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is None or weight.numel() == 0:
+            continue
+        owner = first_owner.setdefault(id(weight), module)
+        if owner is module:
+            continue
+        if hasattr(owner, "cpu_linear"):
+            module.cpu_linear = owner.cpu_linear
+        else:
+            module.quant_method.process_weights_after_loading(module)
+        refreshed += 1
+    return refreshed
+
+
+class VLLMRolloutEngine:
+    """A vLLM engine behind `RolloutEngine`; build it with `create`."""
+
+    def __init__(self, llm: Any, device: torch.device, logprobs_mode: str) -> None:
+        self.llm = llm
+        self.device = device
+        self.logprobs_mode = logprobs_mode
+        self._asleep = False
+        self._woken_tags: set[str] = set()
+        self._warned_rescoring = False
+
+    @classmethod
+    def create(cls, spec: RLJobSpec, model_path: str, device: torch.device) -> "VLLMRolloutEngine":
+        """An engine for `spec` holding the model at `model_path`, on `device` (cpu or cuda)."""
+        rollout = spec.rollout
+        if rollout.tensor_parallel_size != 1:
+            raise ValueError(
+                f"spec.rollout.tensorParallelSize is {rollout.tensor_parallel_size}: kuberl's in-process vLLM "
+                "engine spans one device; set it to 1 (or use more rollout replicas)"
+            )
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights stream as Python objects
+        from vllm import LLM
+
+        cuda = torch.device(device).type == "cuda"
+        memory: dict[str, Any] = {"gpu_memory_utilization": rollout.gpu_memory_utilization} if cuda else {}
+        kv_bytes = rollout.kv_cache_bytes or (None if cuda else DEFAULT_CPU_KV_CACHE_BYTES)
+        if kv_bytes is not None:
+            memory["kv_cache_memory_bytes"] = kv_bytes
+        mode = logprobs_mode_for(rollout.temperature)
+        if not cuda:
+            _rank_eagerly()
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        try:
+            llm = LLM(
+                model=model_path,
+                dtype=spec.models.actor.dtype.value,
+                seed=spec.training.seed,
+                max_model_len=context_length(spec, model_path),
+                logprobs_mode=mode,
+                max_logprobs=-1,  # scoring at T != 1 reads the whole vocabulary's prompt log-probs
+                generation_config="vllm",  # neutral defaults (eos ids still come from generation_config.json)
+                enforce_eager=not cuda,
+                enable_sleep_mode=cuda,
+                **memory,
+            )
+        finally:
+            # vLLM's CPU worker replaces torch.set_num_threads process-wide with a no-op and drops to one
+            # thread; this process also trains, so the caller's setting comes back.
+            torch.set_num_threads = set_threads
+            set_threads(threads)
+        return cls(llm, torch.device(device), mode)
+
+    # -- generation ---------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
+        """`params.n` generations for each prompt, in prompt order."""
+        if not prompts:
+            return []
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
+        sampling = [to_vllm_sampling(params, index) for index in range(len(prompts))]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        generations = [[to_generation(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
+        if not engine_logprobs_are_exact(self.logprobs_mode, params):
+            self._rescore(prompts, generations, params.temperature)
+        return generations
+
+    def _rescore(self, prompts: list[list[int]], generations: list[list[Generation]], temperature: float) -> None:
+        if not self._warned_rescoring:
+            log.warning(
+                "vllm engine: sampling at temperature %g with top-k/top-p; vLLM reports no unfiltered tempered "
+                "log-probs, so each response is re-scored from full-vocabulary prompt log-probs (exact, slower)",
+                temperature,
+            )
+            self._warned_rescoring = True
+        pairs = [
+            (prompt, gen) for prompt, gens in zip(prompts, generations, strict=True) for gen in gens if gen.token_ids
+        ]
+        scores = self.score([(prompt, gen.token_ids) for prompt, gen in pairs], temperature)
+        for (_, gen), logprobs in zip(pairs, scores, strict=True):
+            gen.logprobs = logprobs
+
+    # -- scoring ------------------------------------------------------------------------------------
+    def response_logprobs(self, prompt: list[int], response: list[int], temperature: float) -> list[float]:
+        """log π_engine(response | prompt) token by token, under kuberl's temperature convention."""
+        return self.score([(prompt, response)], temperature)[0]
+
+    def score(self, pairs: list[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]:
+        """Each response's token log-probs given its prompt: one prefill per pair (prompt log-probs).
+
+        At T in {0, 1} only the target token's log-prob comes back; otherwise the whole vocabulary's,
+        rescaled with `tempered_logprobs` — O(R x V) Python objects, meant for probes and short batches.
+        """
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        for prompt, _ in pairs:
+            if not prompt:
+                raise ValueError("response_logprobs: the prompt is empty; the first response token has no context")
+        whole_vocabulary = temperature not in (0.0, 1.0)
+        sampling = VLLMSamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=-1 if whole_vocabulary else 0, detokenize=False
+        )
+        requests = [TokensPrompt(prompt_token_ids=list(prompt) + list(response)) for prompt, response in pairs]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        scores = []
+        for (prompt, response), out in zip(pairs, outputs, strict=True):
+            steps = out.prompt_logprobs[len(prompt) :]  # step i: log-probs of the token at len(prompt) + i
+            if not whole_vocabulary:
+                scores.append([step[token].logprob for step, token in zip(steps, response, strict=True)])
+                continue
+            vocab = max(max(step) for step in steps) + 1
+            full = torch.full((len(response), vocab), float("-inf"))  # (R, V) log_softmax(logits)
+            for row, step in enumerate(steps):
+                ids = torch.tensor(list(step))  # (V,)
+                full[row, ids] = torch.tensor([entry.logprob for entry in step.values()])
+            scores.append(tempered_logprobs(full, torch.tensor(response), temperature).tolist())
+        return scores
+
+    # -- weights --------------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> int:
+        """Copy named full tensors (Hugging Face names) into the engine's model in place; returns bytes loaded.
+
+        The iterator is consumed lazily, layer by layer: pass a generator (FSDPTrainer.full_tensors)
+        and at most one layer's gathered tensors are alive at once.
+        """
+        counter = _ByteCounter(weights)
+        if self._asleep:  # weights offloaded by sleep(): bring them back before writing into them
+            self.llm.wake_up(tags=["weights"])
+            self._woken_tags.add("weights")
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(counter)})
+        if self.device.type == "cpu":
+            self.llm.collective_rpc(_refresh_shared_gemms)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        return counter.bytes
+
+    # -- memory ---------------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """On CUDA: drop the KV cache and offload the weights to host memory (vLLM sleep level 1)."""
+        if self.device.type != "cuda" or self._asleep:
+            return
+        self.llm.sleep(level=1)
+        self._asleep, self._woken_tags = True, set()
+
+    def wake_up(self) -> None:
+        """On CUDA: reallocate what `sleep` released (what `load_weights` has not already brought back)."""
+        if self.device.type != "cuda" or not self._asleep:
+            return
+        remaining = [tag for tag in ("weights", "kv_cache") if tag not in self._woken_tags]
+        self.llm.wake_up(tags=remaining)
+        self._asleep, self._woken_tags = False, set()
+
+    def shutdown(self) -> None:
+        """Stops the engine. vLLM's teardown also destroys torch.distributed's default process group
+        (in colocated mode the trainer's): call it last, after the trainer is done with the group."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+class _ByteCounter:
+    """Passes (name, tensor) pairs through, counting their bytes."""
+
+    def __init__(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        self.weights = weights
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, Tensor]]:
+        for name, tensor in self.weights:
+            self.bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
+            del tensor  # not kept alive while the next one is gathered
