@@ -7,6 +7,7 @@ from kuberl.api.algorithm import ALGORITHM_PRESETS, AlgorithmSpec, KLSpec
 from kuberl.api.enums import (
     AdvantageEstimator,
     AlgorithmName,
+    ComputeDType,
     ConditionReason,
     ConditionStatus,
     ConditionType,
@@ -64,6 +65,7 @@ __all__ = [
     "ConditionReason",
     "ConditionStatus",
     "ConditionType",
+    "ComputeDType",
     "DType",
     "DataSpec",
     "KLEstimator",

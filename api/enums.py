@@ -63,6 +63,14 @@ class DType(StrEnum):
     FLOAT16 = "float16"
 
 
+class ComputeDType(StrEnum):
+    """Precision of the trainers' forward and backward passes (parameters keep the model's dtype)."""
+
+    AUTO = "auto"  # bfloat16 on GPU, float32 on CPU
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
 class RolloutEngine(StrEnum):
     VLLM = "vllm"
     HF = "hf"

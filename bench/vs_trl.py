@@ -24,16 +24,20 @@ the whole process tree: a figure that depends less on what else runs on a shared
 memory, and the mean reward of the first and last step (a sanity check that both learn; with a
 handful of steps it says little). Then the ratio of each kuberl row to the best TRL row.
 
-Peak memory: the parent samples the child's whole process tree every 0.5 s (for kuberl that is
+Peak memory: the parent samples the child's whole process tree every 5 s (for kuberl that is
 the driver plus Ray's GCS, raylet, dashboard and every worker, all descendants of the driver)
 and records the largest sum of PSS (proportional set size: shared pages such as the torch
 libraries are split between the processes that map them, so the sum is not inflated by them)
-and of RSS. Sampling can miss a peak shorter than 0.5 s.
+and of RSS. Sampling can miss a short peak; it is sparse because reading every process's smaps costs
+CPU: at 0.5 s the sampler took ~9% of a core and slowed the measured runs, kuberl's (more processes)
+most.
 
 Adaptations (every departure from plain `GRPOTrainer(...).train()`), in `run_trl_child`,
 `trl_model_folder` and `adapt_trl_vllm_to_cpu`:
-1. `bf16=False` (TRL's default is bf16, which CPU training here does not want; kuberl runs fp32),
-   `gradient_checkpointing=False` (TRL's default is on; off in both), `use_cpu=True`.
+1. Training precision per row: fp32 (`bf16=False`; kuberl `training.computeDtype: float32`) or bf16
+   autocast with fp32 weights and optimiser (TRL's default `bf16=True`; kuberl `computeDtype:
+   bfloat16`). Generation stays fp32 in both (see 4a). `gradient_checkpointing=False` (TRL's
+   default is on; off in both), `use_cpu=True`.
 2. `lr_scheduler_type="constant"` (Trainer's default decays linearly to 0; kuberl's default is
    constant), `use_bias_correction_kl=False` (TRL 1.x multiplies k3 by the importance ratio by
    default; kuberl uses plain k3), `loss_type="grpo"` (= kuberl's seq_mean_token_mean), `beta` =
@@ -109,12 +113,13 @@ class Config:
     engine: str  # hf | vllm
     ranks: int = 1  # kuberl actor ranks (TRL: always one process)
     cpus: float = 2.0  # CPUs per rank = torch threads per rank
+    precision: str = "fp32"  # training compute: fp32, or bf16 autocast with fp32 weights (both frameworks)
 
     @property
     def label(self) -> str:
         if self.framework == "trl":
-            return f"TRL {self.engine}"
-        return f"kuberl {self.engine} {self.ranks}x{self.cpus:g}cpu"
+            return f"TRL {self.engine} {self.precision}"
+        return f"kuberl {self.engine} {self.ranks}x{self.cpus:g}cpu {self.precision}"
 
 
 @dataclass
@@ -168,7 +173,12 @@ def kuberl_manifest(work: Workload, config: Config) -> dict[str, Any]:
             "reward": {"function": "tiny_task"},
             "data": {"train": str(DATA), "batchSize": work.prompts, "maxPromptLength": work.max_prompt_length},
             "rollout": rollout,
-            "training": {"totalSteps": work.steps, "seed": work.seed, "microBatchSize": work.micro_batch},
+            "training": {
+                "totalSteps": work.steps,
+                "seed": work.seed,
+                "microBatchSize": work.micro_batch,
+                "computeDtype": "bfloat16" if config.precision == "bf16" else "float32",
+            },
             "resources": {"actor": {"replicas": config.ranks, "cpus": config.cpus}},
             "checkpoint": {"intervalSteps": None, "resume": False, "exportHf": False, "saveOnPreemption": True},
         },
@@ -377,7 +387,7 @@ def run_trl_child(work: Workload, config: Config) -> ChildResult:
             vllm_mode="colocate",
             vllm_importance_sampling_correction=False,
             vllm_max_model_length=work.max_prompt_length + work.max_new_tokens + 1,
-            bf16=False,
+            bf16=config.precision == "bf16",
             gradient_checkpointing=False,
             use_cpu=True,
             logging_steps=1,
@@ -424,7 +434,7 @@ def child_main(work: Workload, config: Config, out: Path) -> int:
 class TreeMemory:
     """Samples a process and its descendants every `interval` s; keeps the largest PSS and RSS sums."""
 
-    def __init__(self, pid: int, interval: float = 0.5) -> None:
+    def __init__(self, pid: int, interval: float = 5.0) -> None:
         import psutil
 
         self.root = psutil.Process(pid)
@@ -573,18 +583,18 @@ def print_table(rows: list[Row], work: Workload) -> None:
         "medians over all rounds"
     )
     print(
-        f"{'configuration':<22}{'step s (min-max)':>20}{'gen s':>7}{'sync s':>7}{'score s':>8}{'update s':>9}"
+        f"{'configuration':<28}{'step s (min-max)':>20}{'gen s':>7}{'sync s':>7}{'score s':>8}{'update s':>9}"
         f"{'tok/step':>9}{'tok/s':>6}{'gen tok/s':>10}{'CPU s/step':>11}{'PSS GiB':>8}{'RSS GiB':>8}"
         "  reward first->last"
     )
     for row in rows:
         if not row.ok:
-            print(f"{row.config.label:<22}  failed: {'; '.join(row.errors)}")
+            print(f"{row.config.label:<28}  failed: {'; '.join(row.errors)}")
             continue
         steps = f"{row.step_median:.2f} ({min(row.step):.2f}-{max(row.step):.2f})"
         rewards = ", ".join(sorted({f"{a:.3f}->{b:.3f}" for a, b in row.rewards}))
         print(
-            f"{row.config.label:<22}{steps:>20}{median(row.generate):7.2f}{median(row.sync):7.2f}"
+            f"{row.config.label:<28}{steps:>20}{median(row.generate):7.2f}{median(row.sync):7.2f}"
             f"{median(row.score):8.2f}{median(row.update):9.2f}{median(row.tokens):9.0f}"
             f"{row.tokens_per_second:6.0f}{row.generated_per_second:10.0f}{median(row.cpu):11.2f}"
             f"{row.peak_pss / gib:8.2f}{row.peak_rss / gib:8.2f}  {rewards}"
@@ -597,24 +607,43 @@ def print_table(rows: list[Row], work: Workload) -> None:
     print(f"\nkuberl / best TRL ({best.config.label}), medians: >1 means kuberl is slower or uses more")
     for row in kuberl:
         print(
-            f"{row.config.label:<22}step time x{row.step_median / best.step_median:.2f}   "
+            f"{row.config.label:<28}step time x{row.step_median / best.step_median:.2f}   "
             f"tokens/s x{row.tokens_per_second / best.tokens_per_second:.2f}   "
             f"CPU s/step x{median(row.cpu) / median(best.cpu):.2f}   "
             f"peak PSS x{row.peak_pss / max(best.peak_pss, 1.0):.2f}"
         )
+    print("\nbest of each, per training precision: TRL step time / kuberl step time (>1: kuberl is faster)")
+    for precision in sorted({row.config.precision for row in kuberl} & {row.config.precision for row in trl}):
+        fastest_k = min((r for r in kuberl if r.config.precision == precision), key=lambda r: r.step_median)
+        fastest_t = min((r for r in trl if r.config.precision == precision), key=lambda r: r.step_median)
+        speedup = fastest_t.step_median / fastest_k.step_median
+        print(
+            f"{precision}: {fastest_t.config.label} {fastest_t.step_median:.2f} s / "
+            f"{fastest_k.config.label} {fastest_k.step_median:.2f} s = x{speedup:.2f}"
+        )
 
 
 def configurations(args: argparse.Namespace) -> list[Config]:
-    """One round, alternating kuberl and TRL: k1 TRL-hf k2 TRL-vllm ... then the 2-rank row."""
+    """One round, alternating kuberl and TRL: k1 TRL-hf k2 TRL-vllm ... per precision, then the 2-rank row."""
     threads = float(args.threads)
-    kuberl = [Config("kuberl", engine, 1, threads) for engine in args.kuberl_engines]
-    trl = [Config("trl", engine, 1, threads) for engine in args.trl_modes]
     order: list[Config] = []
-    for index in range(max(len(kuberl), len(trl))):
-        order += kuberl[index : index + 1] + trl[index : index + 1]
+    for precision in args.precisions:
+        kuberl = [Config("kuberl", engine, 1, threads, precision) for engine in args.kuberl_engines]
+        trl = [Config("trl", engine, 1, threads, precision) for engine in args.trl_modes]
+        for index in range(max(len(kuberl), len(trl))):
+            order += kuberl[index : index + 1] + trl[index : index + 1]
     if args.two_ranks and args.kuberl_engines:
-        order.append(Config("kuberl", args.kuberl_engines[0], 2, threads / 2))
+        order.append(Config("kuberl", args.kuberl_engines[0], 2, threads / 2, args.precisions[0]))
     return order
+
+
+def precisions(text: str) -> list[str]:
+    """A comma-separated list of training precisions (fp32, bf16)."""
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - {"fp32", "bf16"})
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown precision(s) {', '.join(unknown)}; use fp32 and/or bf16")
+    return chosen
 
 
 def names(text: str) -> list[str]:
@@ -641,6 +670,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="CPUs (torch threads) of the single-rank runs")
     parser.add_argument("--kuberl-engines", type=names, default=["hf", "vllm"], help="comma-separated; '' for none")
     parser.add_argument("--trl-modes", type=names, default=["hf", "vllm"], help="comma-separated; '' for none")
+    parser.add_argument(
+        "--precisions", type=precisions, default=["fp32", "bf16"], help="training compute, comma-separated: fp32,bf16"
+    )
     parser.add_argument("--no-two-ranks", dest="two_ranks", action="store_false", help="skip kuberl 2 ranks x 1 CPU")
     parser.add_argument("--json", type=Path, help="also write every run's raw figures here")
     parser.add_argument("--report", type=Path, help="print the table of the runs in this child-log folder, run none")
@@ -683,7 +715,7 @@ def main() -> int:
             raw.append(asdict(replace(result)))
             status = result.error or f"{len(result.steps)} steps, setup {result.setup_seconds:.0f} s {result.info}"
             print(
-                f"round {round_index + 1}/{repeats} {config.label:<22} {time.perf_counter() - started:6.0f} s  "
+                f"round {round_index + 1}/{repeats} {config.label:<28} {time.perf_counter() - started:6.0f} s  "
                 f"{status}  load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )

@@ -89,6 +89,7 @@ class Controller:
             kl_estimator=str(spec.algorithm.kl.estimator),
             entropy_coef=spec.algorithm.entropy_coef,
             value_clip=spec.algorithm.value_clip,
+            on_policy=self.behaviour_is_current_policy(),
         )
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -218,10 +219,25 @@ class Controller:
         if self.kl_coef > 0:
             batch.ref_logprobs = self._forward("reference", batch)
 
+    def behaviour_is_current_policy(self) -> bool:
+        """True when the old log-probs can come from the update's own forward pass instead of a pass of their own.
+
+        That holds with one PPO epoch over one mini-batch (the policy has not moved when each token's
+        log-prob is first computed), when the engine's log-probs are not the behaviour policy, and when
+        no stage before the update reads them (a KL penalty in the reward does).
+        """
+        kl_in_reward = self.kl_coef > 0 and self.spec.algorithm.kl.placement == KLPlacement.REWARD
+        return (
+            self.spec.algorithm.ppo_epochs == 1
+            and self.plan.mini_batches == 1
+            and not self.spec.rollout.use_engine_logprobs
+            and not kl_in_reward
+        )
+
     def old_logprobs(self, batch: RolloutBatch) -> None:
         if self.spec.rollout.use_engine_logprobs:
             batch.old_logprobs = batch.engine_logprobs
-        else:
+        elif not self.update_config.on_policy:
             batch.old_logprobs = self._forward("actor", batch)
 
     def critic_values(self, batch: RolloutBatch) -> None:
@@ -229,10 +245,10 @@ class Controller:
             batch.values = self._forward("critic", batch)
 
     def advantages(self, batch: RolloutBatch, failed: torch.Tensor) -> None:
-        assert batch.scores is not None and batch.old_logprobs is not None
+        assert batch.scores is not None
         rewards = token_rewards_from_scores(batch.scores, batch.response_mask)  # (N, R)
         if self.kl_coef > 0 and self.spec.algorithm.kl.placement == KLPlacement.REWARD:
-            assert batch.ref_logprobs is not None
+            assert batch.ref_logprobs is not None and batch.old_logprobs is not None
             kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, str(self.spec.algorithm.kl.estimator))  # (N, R)
             rewards = rewards - self.kl_coef * kl * batch.response_mask  # (N, R)
         batch.token_rewards = rewards
@@ -265,7 +281,10 @@ class Controller:
         if self.spec.models.critic is not None:
             critic_group = self.groups.host("critic")
             metrics.update(critic_group.call_sharded("update_critic", laid_out, config=self.update_config)[0])
-        metrics.update(self.groups.actor.call_sharded("update_actor", laid_out, config=self.update_config)[0])
+        results = self.groups.actor.call_sharded("update_actor", laid_out, config=self.update_config)
+        metrics.update(results[0][0])
+        if self.update_config.on_policy:  # one mini-batch: the layout is the batch's own order
+            batch.old_logprobs = torch.cat([behaviour for _, behaviour in results])  # (N, R)
         return metrics
 
     def sync(self, batch: RolloutBatch | None, version: int) -> dict[str, float]:

@@ -33,6 +33,10 @@ class UpdateConfig:
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
     value_clip: float | None = None
+    #: One epoch over one mini-batch: the behaviour policy is the policy before this update, so its
+    #: log-probs are the update's own forward pass, detached (the ratio is exactly 1), and no separate
+    #: old-log-prob pass runs (verl's and TRL's on-policy shortcut). The batch comes without them.
+    on_policy: bool = False
 
 
 def forward_input(batch: RolloutBatch) -> ForwardInput:
@@ -79,8 +83,16 @@ def _mini_batch_counts(batch: RolloutBatch, rows: slice, world_size: int) -> tup
 
 
 def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) -> dict[str, float]:
-    """PPO-clip update of the actor on this rank's shard; returns metrics averaged over all ranks."""
-    assert batch.old_logprobs is not None and batch.advantages is not None
+    """PPO-clip update of the actor on this rank's shard; returns metrics averaged over all ranks.
+
+    With `cfg.on_policy` the behaviour log-probs are taken from the forward pass and left in
+    `batch.old_logprobs` (this rank's rows, masked) for the caller.
+    """
+    assert batch.advantages is not None
+    if cfg.on_policy:
+        assert cfg.ppo_epochs == 1 and cfg.mini_batches == 1, "on_policy needs one epoch over one mini-batch"
+        batch.old_logprobs = torch.zeros_like(batch.response_mask, dtype=torch.float32)  # (n, R) filled below
+    assert batch.old_logprobs is not None
     trainer.model.train()
     fwd = forward_input(batch)
     totals = _Totals(cfg.world_size)
@@ -101,6 +113,8 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
                 logprobs, entropy = trainer.response_logprobs(
                     fwd, rows, cfg.temperature, with_entropy=cfg.entropy_coef > 0
                 )  # (m, R)
+                if cfg.on_policy:
+                    batch.old_logprobs[rows] = logprobs.detach().to(batch.old_logprobs.device) * mask
                 loss, metrics = ppo_clip_loss(
                     logprobs,
                     batch.old_logprobs[rows],

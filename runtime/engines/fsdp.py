@@ -9,9 +9,11 @@ and sequence counts in the denominators), and gradients are summed across ranks 
 averaged, so a 2-rank update equals a single-process update on the unsharded batch.
 """
 
+import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,12 +25,23 @@ from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_logits
 
 
-def apply_fsdp(model: torch.nn.Module, world_size: int, device_type: str) -> torch.nn.Module:
-    """Shard each decoder layer, then the root, over all ranks; bf16 compute on GPU, fp32 on CPU."""
+def apply_fsdp(
+    model: torch.nn.Module, world_size: int, device_type: str, compute_dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
+    """Shard each decoder layer, then the root, over all ranks.
+
+    On GPU a bfloat16 `compute_dtype` is FSDP2's mixed precision (gathered in bf16, gradients reduced
+    in fp32). On CPU FSDP2 never casts (the trainer's forward runs under `torch.autocast` instead), and
+    a single CPU rank keeps the plain module: there is nothing to shard, and FSDP2's per-layer unshard
+    and gradient copies cost ~10% of a step here (bench/vs_trl.py). Checkpoints are the same either way
+    (DCP state dicts are keyed by name; see test_checkpoint_state).
+    """
+    if world_size == 1 and device_type == "cpu":
+        return model
     mesh = init_device_mesh(device_type, (world_size,))
     policy = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if device_type == "cuda"
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        if device_type == "cuda" and compute_dtype != torch.float32
         else MixedPrecisionPolicy()
     )
     for layer in decoder_layers(model):
@@ -104,11 +117,14 @@ class FSDPTrainer:
         optim: OptimizerSpec | None,
         total_steps: int,
         gradient_checkpointing: bool = False,
+        compute_dtype: torch.dtype = torch.float32,
     ) -> None:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers PreTrainedModel
         self.device = device
-        self.model = apply_fsdp(model.to(device), world_size, device.type)
+        self.model = apply_fsdp(model.to(device), world_size, device.type, compute_dtype)
+        # CPU mixed precision: forward passes under autocast (its backward follows the forward's dtypes)
+        self.cpu_autocast_dtype = compute_dtype if device.type == "cpu" and compute_dtype != torch.float32 else None
         self.optim_spec = optim
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -117,23 +133,35 @@ class FSDPTrainer:
         self.is_critic = not hasattr(model, "lm_head")
 
     # -- forward passes -------------------------------------------------------------------------
-    def _forward_logits(self, batch: ForwardInput, rows: slice) -> Tensor:
+    def _autocast(self, full_precision: bool = False) -> contextlib.AbstractContextManager[Any]:
+        if self.cpu_autocast_dtype is None or full_precision:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=self.cpu_autocast_dtype)
+
+    def _forward_logits(self, batch: ForwardInput, rows: slice, full_precision: bool = False) -> Tensor:
         ids = batch.input_ids[rows].to(self.device)  # (m, P+R)
         mask = batch.attention_mask[rows].to(self.device)  # (m, P+R)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
+        with self._autocast(full_precision):
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
         return out.logits[:, batch.prompt_width - 1 : -1]  # (m, R, V) predicts response tokens
 
     def _forward_values(self, batch: ForwardInput, rows: slice) -> Tensor:
         ids = batch.input_ids[rows].to(self.device)  # (m, P+R)
         mask = batch.attention_mask[rows].to(self.device)  # (m, P+R)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask))
+        with self._autocast():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask))
         # V(s_t) for response token t is read at the position that generated it, like the log-probs
         return out.logits[:, batch.prompt_width - 1 : -1, 0].float()  # (m, R)
 
     def response_logprobs(
-        self, batch: ForwardInput, rows: slice, temperature: float, with_entropy: bool = False
+        self,
+        batch: ForwardInput,
+        rows: slice,
+        temperature: float,
+        with_entropy: bool = False,
+        full_precision: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        logits = self._forward_logits(batch, rows).float()  # (m, R, V)
+        logits = self._forward_logits(batch, rows, full_precision).float()  # (m, R, V)
         if temperature > 0:
             logits = logits / temperature
         labels = batch.response_ids[rows].to(self.device)  # (m, R)
@@ -141,10 +169,13 @@ class FSDPTrainer:
         return logprobs_from_logits(logits, labels), entropy  # (m, R)
 
     @torch.no_grad()
-    def logprobs(self, batch: ForwardInput, temperature: float, micro_batch_size: int) -> Tensor:
+    def logprobs(
+        self, batch: ForwardInput, temperature: float, micro_batch_size: int, full_precision: bool = False
+    ) -> Tensor:
+        """Log-probs of the response tokens; `full_precision` skips CPU autocast (the weights' own dtype)."""
         self.model.eval()
         parts = [
-            self.response_logprobs(batch, rows, temperature)[0].cpu()
+            self.response_logprobs(batch, rows, temperature, full_precision=full_precision)[0].cpu()
             for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size)
         ]
         return torch.cat(parts)  # (n, R)

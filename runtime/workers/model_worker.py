@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kuberl.api import RLJob, parse_rljob
+from kuberl.api import ComputeDType, RLJob, parse_rljob
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import FSDPTrainer
@@ -120,7 +120,16 @@ class ModelWorker:
             optim=optim,
             total_steps=total_steps,
             gradient_checkpointing=gradient_checkpointing,
+            compute_dtype=self.compute_dtype(),
         )
+
+    def compute_dtype(self) -> torch.dtype:
+        """spec.training.computeDtype on this worker's device (auto: bfloat16 on GPU, float32 on CPU)."""
+        assert self.job is not None
+        chosen = self.job.spec.training.compute_dtype
+        if chosen == ComputeDType.AUTO:
+            return torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        return TORCH_DTYPES[chosen.value]
 
     def _rollout_engine(self, path: str) -> Any:
         from kuberl.runtime.engines import build_rollout_engine
@@ -138,8 +147,10 @@ class ModelWorker:
     def compute_values(self, batch: RolloutBatch, micro_batch_size: int) -> Any:
         return self.trainers["critic"].values(forward_input(batch), micro_batch_size)
 
-    def update_actor(self, batch: RolloutBatch, config: UpdateConfig) -> dict[str, float]:
-        return update_policy(self.trainers["actor"], batch, config)
+    def update_actor(self, batch: RolloutBatch, config: UpdateConfig) -> tuple[dict[str, float], Any]:
+        """The update's metrics, and with `config.on_policy` this shard's behaviour log-probs (n, R)."""
+        metrics = update_policy(self.trainers["actor"], batch, config)
+        return metrics, batch.old_logprobs if config.on_policy else None
 
     def update_critic(self, batch: RolloutBatch, config: UpdateConfig) -> dict[str, float]:
         return update_critic(self.trainers["critic"], batch, config)
@@ -175,7 +186,9 @@ class ModelWorker:
             response_mask=torch.ones_like(ids[:, width:], dtype=torch.float32),
             group_index=torch.zeros(1).long(),
         )
-        trainer = self.trainers["actor"].logprobs(forward_input(batch), temperature, 1)[0].tolist()
+        # in the weights' own precision: the probe checks that the engine holds the trainer's weights
+        scored = self.trainers["actor"].logprobs(forward_input(batch), temperature, 1, full_precision=True)
+        trainer = scored[0].tolist()
         engine = self.engine.response_logprobs(prompt, response, temperature) if self.engine is not None else []
         return {"trainer": trainer, "engine": engine}
 

@@ -7,6 +7,7 @@ layers halved their gradients). SGD shows that the sharded gradients, their clip
 update are exactly those of the unsharded batch.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.losses import ppo_clip_loss
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import FSDPTrainer, position_ids
-from kuberl.runtime.updates import UpdateConfig, update_policy
+from kuberl.runtime.updates import UpdateConfig, forward_input, update_policy
 
 pytestmark = pytest.mark.integration
 
@@ -141,3 +142,46 @@ def test_two_rank_fsdp_update_equals_single_process_reference(tmp_path: Path):
     assert moved > 1e-3, "the update must actually move the weights for the comparison to mean anything"
     for name in reference:
         torch.testing.assert_close(sharded[name], reference[name], rtol=0, atol=1e-6, msg=name)
+
+
+def on_policy_rank(rank: int, rendezvous: str, out: str) -> None:
+    """One rank, one mini-batch: the update with a separate old-log-prob pass, then the on-policy shortcut."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+    torch.set_num_threads(1)
+    config = UpdateConfig(world_size=1, **{**CONFIG, "mini_batches": 1})
+    results: dict[str, object] = {}
+    for mode in ("separate_pass", "on_policy"):
+        trainer = FSDPTrainer(tiny_model(), world_size=1, device=torch.device("cpu"), optim=OPTIM, total_steps=10)
+        trainer.optimizer = sgd(trainer.model.parameters())
+        trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda _: 1.0)
+        batch = make_batch()
+        if mode == "separate_pass":  # what the controller runs when the shortcut does not apply
+            batch.old_logprobs = trainer.logprobs(forward_input(batch), 1.0, 2) * batch.response_mask
+            metrics = update_policy(trainer, batch, config)
+        else:
+            batch.old_logprobs = None
+            metrics = update_policy(trainer, batch, replace(config, on_policy=True))
+        results[mode] = {
+            "weights": {name: tensor.clone() for name, tensor in trainer.full_tensors()},
+            "old_logprobs": batch.old_logprobs,
+            "metrics": metrics,
+        }
+    torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def test_on_policy_update_equals_the_update_with_a_separate_old_logprob_pass(tmp_path: Path):
+    out = tmp_path / "on_policy.pt"
+    mp.spawn(on_policy_rank, args=(str(tmp_path / "rendezvous"), str(out)), nprocs=1, join=True)
+    results = torch.load(out, weights_only=False)
+    separate, shortcut = results["separate_pass"], results["on_policy"]
+    # the behaviour log-probs the shortcut hands back are those of the separate pass
+    torch.testing.assert_close(shortcut["old_logprobs"], separate["old_logprobs"], rtol=0, atol=1e-5)
+    assert shortcut["metrics"]["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    initial = {name: param.detach() for name, param in tiny_model().named_parameters()}
+    moved = max(float((separate["weights"][name] - initial[name]).abs().max()) for name in initial)
+    assert moved > 1e-3
+    for name, tensor in separate["weights"].items():
+        torch.testing.assert_close(shortcut["weights"][name], tensor, rtol=0, atol=1e-5, msg=name)

@@ -1,5 +1,6 @@
 """The hybrid engine with the real vLLM CPU engine: after every weight sync in a multi-step GRPO run
-the engine reproduces the trainer's log-probabilities (fp32), colocated and with a separate pool."""
+the engine reproduces the trainer's log-probabilities (fp32), colocated and with a separate pool, and
+with bf16 training (the probe scores in the weights' fp32)."""
 
 import pytest
 
@@ -15,8 +16,9 @@ TOLERANCE = 1e-4
     [
         {"rollout.mode": "colocated"},
         {"rollout.mode": "separate", "resources.rollout": {"replicas": 2, "cpus": 0.25}},
+        {"rollout.mode": "colocated", "training.computeDtype": "bfloat16"},
     ],
-    ids=["colocated", "separate"],
+    ids=["colocated", "separate", "colocated-bf16-training"],
 )
 def test_engine_matches_trainer_after_every_sync(ray_session, tmp_path, layout):
     job = demo_job(
@@ -36,4 +38,6 @@ def test_engine_matches_trainer_after_every_sync(ray_session, tmp_path, layout):
         # the probe after the sync (verifySync raises beyond the tolerance; this keeps the number visible)
         assert record["sync/max_logprob_diff"] <= TOLERANCE
         # and every sampled token of the step: the engine's log-prob against the trainer's forward pass
-        assert record["rollout/logprob_diff_max"] <= TOLERANCE
+        # (bf16 training scores in bf16 against the fp32 engine: close, not equal)
+        bf16 = job.spec.training.compute_dtype == "bfloat16"
+        assert record["rollout/logprob_diff_max"] <= (0.5 if bf16 else TOLERANCE)
