@@ -421,6 +421,12 @@ def decide(observed: Observed, now: datetime, settings: OperatorSettings) -> Dec
         if step(p):
             break
     _spec_refusal(p)
+    ttl = p.policy.ttl_seconds_after_finished
+    if p.terminal and p.before.phase not in TERMINAL_PHASES and ttl is not None:
+        # the pass that finishes the job schedules the TTL's own pass: the status write it makes is
+        # the operator's own and may bring no further event (completionTime counts in whole seconds,
+        # so `ttl` after now is never early)
+        p.requeue.append(float(ttl))
     events = _transition_events(p.before, p.status) + p.events
     return Decision(
         status=p.status,

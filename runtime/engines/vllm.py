@@ -46,6 +46,10 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   g++ rejects on this machine ("'at::vec' has not been declared": a crash mid-rollout), and
   compiling it costs seconds at the first request anyway; the eager form's (rows x vocab) mask is
   nothing on CPU.
+- At start-up vLLM's CPU platform rebinds its Triton kernels by scanning every module's attributes
+  with `hasattr(value, "__dict__")`, which raises on a werkzeug `LocalProxy` (flask's `current_app`,
+  present once anything imported flask, e.g. moto or a user's reward server) instead of answering
+  False. The engine installs the same scan with that one call guarded (`_rebind_kernels_tolerantly`).
 - Sleep mode (free the KV cache and offload weights while the trainer runs) exists only on CUDA;
   on CPU `sleep`/`wake_up` are no-ops.
 """
@@ -53,6 +57,7 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -154,6 +159,32 @@ def _rank_eagerly() -> None:
     setattr(sampler, "batched_count_greater_than", _count_at_least)  # noqa: B010 - not exported by vLLM
 
 
+def _rebind_kernels_tolerantly() -> None:
+    """vLLM's `triton_utils.dispatcher._rebind_kernels`, skipping values that raise when inspected."""
+    from vllm.triton_utils import dispatcher
+
+    def rebind(overrides: list[tuple[Any, Any]]) -> None:
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            for attr, value in list((namespace or {}).items()):
+                wrapper = next((w for original, w in overrides if value is original), None)
+                if wrapper is not None:
+                    setattr(module, attr, wrapper)
+                    continue
+                try:
+                    owned = vars(value).get("kernel") if hasattr(value, "__dict__") else None
+                except Exception:  # noqa: BLE001 - a proxy with nothing behind it (flask outside a request)
+                    continue
+                wrapper = next((w for original, w in overrides if owned is original), None)
+                if wrapper is None:
+                    continue
+                value.kernel = wrapper
+                if not isinstance(value, type):
+                    value.__dict__.pop("_kernel_arg_names", None)
+
+    setattr(dispatcher, "_rebind_kernels", rebind)  # noqa: B010 - a private vLLM function
+
+
 # -- inside vLLM's worker (called through collective_rpc) -------------------------------------------
 def _refresh_shared_gemms(worker: Any) -> int:
     """Point every module that shares its weight with an earlier one (a tied LM head) at that module's GEMM.
@@ -212,6 +243,7 @@ class VLLMRolloutEngine:
         mode = logprobs_mode_for(rollout.temperature)
         if not cuda:
             _rank_eagerly()
+            _rebind_kernels_tolerantly()
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
             llm = LLM(

@@ -253,3 +253,13 @@ def test_rollout_worker_loads_buckets_from_the_object_store(worker: RolloutWorke
     engine = torch.tensor(worker.response_logprobs(PROMPTS[0], response, 1.0, version=version))
     expected = hf_logprobs(tied.reference, PROMPTS[0], response, 1.0)
     torch.testing.assert_close(engine, expected, atol=TOLERANCE, rtol=0)
+
+
+def test_engine_starts_in_a_process_that_imported_flask(tied_dir: Path):
+    # flask's proxies raise on hasattr() outside a request; vLLM's CPU kernel scan at start-up tripped on them
+    import flask  # noqa: F401  - installed with moto[server]
+
+    engine = vllm_engine(tied_dir, 1.0)
+    generations = engine.generate(PROMPTS[:1], SamplingParams(n=1, temperature=1.0, max_new_tokens=3))
+    assert len(generations) == 1 and generations[0][0].token_ids
+    engine.shutdown()

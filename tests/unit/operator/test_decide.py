@@ -297,7 +297,8 @@ def test_the_ttl_deletes_the_finished_job_when_it_is_up():
     world.rljob["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 60
     running(world)
     world.kuberay("tiny-grpo-0", "Complete", "SUCCEEDED")
-    world.step(at(100))
+    # the pass that finishes the job schedules the TTL pass itself (no later event is promised)
+    assert world.step(at(100)).requeue_after == 60
     decision = world.step(at(130))
     assert (decision.delete_rljob, decision.requeue_after) == (False, 30)
     assert world.step(at(160)).delete_rljob
