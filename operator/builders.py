@@ -172,7 +172,14 @@ def pod_volumes(job: RLJob, configmap: str) -> tuple[list[dict[str, Any]], list[
 
 
 def pod_template(
-    job: RLJob, *, role: str, container: str, image: str, resources: dict[str, Any], pool: RoleResources | None
+    job: RLJob,
+    *,
+    role: str,
+    container: str,
+    image: str,
+    resources: dict[str, Any],
+    pool: RoleResources | None,
+    service_account: str | None = None,
 ) -> dict[str, Any]:
     volumes, mounts = pod_volumes(job, names.configmap_name(job.metadata.name))
     main: dict[str, Any] = {
@@ -188,6 +195,10 @@ def pod_template(
     if container == "ray-head":
         main["ports"] = [dict(port) for port in HEAD_PORTS]
     spec: dict[str, Any] = {"containers": [main], "volumes": volumes}
+    if (
+        service_account
+    ):  # the runtime publishes the RLJob's progress as this account (a pool's podTemplate may override)
+        spec["serviceAccountName"] = service_account
     if pool is not None and pool.node_selector:
         spec["nodeSelector"] = dict(pool.node_selector)
     if pool is not None and pool.tolerations:
@@ -198,7 +209,9 @@ def pod_template(
     return template
 
 
-def worker_group(job: RLJob, role: Role, pool: RoleResources, image: str) -> dict[str, Any]:
+def worker_group(
+    job: RLJob, role: Role, pool: RoleResources, image: str, service_account: str | None = None
+) -> dict[str, Any]:
     """One Ray worker group for a role: replicas, the autoscaler's bounds, and its pods."""
     low, high = (pool.effective_min, pool.effective_max) if pool.is_elastic else (pool.replicas, pool.replicas)
     return {
@@ -208,12 +221,18 @@ def worker_group(job: RLJob, role: Role, pool: RoleResources, image: str) -> dic
         "maxReplicas": high,
         "rayStartParams": {"resources": ray_start_resources(role)},
         "template": pod_template(
-            job, role=role.value, container="ray-worker", image=image, resources=container_resources(pool), pool=pool
+            job,
+            role=role.value,
+            container="ray-worker",
+            image=image,
+            resources=container_resources(pool),
+            pool=pool,
+            service_account=service_account,
         ),
     }
 
 
-def head_group(job: RLJob, image: str, cpu: str, memory: str) -> dict[str, Any]:
+def head_group(job: RLJob, image: str, cpu: str, memory: str, service_account: str | None = None) -> dict[str, Any]:
     amounts = {"cpu": cpu, "memory": memory}
     return {
         "rayStartParams": {"dashboard-host": "0.0.0.0"},
@@ -224,6 +243,7 @@ def head_group(job: RLJob, image: str, cpu: str, memory: str) -> dict[str, Any]:
             image=image,
             resources={"requests": dict(amounts), "limits": dict(amounts)},
             pool=None,
+            service_account=service_account,
         ),
     }
 
@@ -237,6 +257,7 @@ def build_rayjob(
     generation: int,
     head_cpu: str = "1",
     head_memory: str = "4Gi",
+    service_account: str | None = None,
 ) -> dict[str, Any]:
     """RayJob `<rljob>-<index>`: the runtime on a Ray cluster with one worker group per role; index > 0 resumes."""
     image = job.spec.image or default_image
@@ -256,8 +277,8 @@ def build_rayjob(
             "shutdownAfterJobFinishes": True,
             "rayClusterSpec": {
                 "enableInTreeAutoscaling": any(pool.is_elastic for _, pool in pools),
-                "headGroupSpec": head_group(job, image, head_cpu, head_memory),
-                "workerGroupSpecs": [worker_group(job, role, pool, image) for role, pool in pools],
+                "headGroupSpec": head_group(job, image, head_cpu, head_memory, service_account),
+                "workerGroupSpecs": [worker_group(job, role, pool, image, service_account) for role, pool in pools],
             },
         },
     }

@@ -165,6 +165,7 @@ class _Pass:
                 generation=self.generation,
                 head_cpu=self.settings.head_cpu,
                 head_memory=self.settings.head_memory,
+                service_account=self.settings.runtime_service_account,
             )
         )
 

@@ -32,6 +32,8 @@ class OperatorSettings:
     workers: int = 16
     head_cpu: str = "1"
     head_memory: str = "4Gi"
+    #: ServiceAccount of the Ray pods (the runtime patches its RLJob's status as it); None: the namespace's default
+    runtime_service_account: str | None = None
     namespaces: tuple[str, ...] = ()
     metrics_port: int | None = None
     webhook_port: int | None = None
@@ -58,6 +60,7 @@ class OperatorSettings:
             workers=int(env.get("KUBERL_RECONCILE_WORKERS", "16")),
             head_cpu=env.get("KUBERL_HEAD_CPU", "1"),
             head_memory=env.get("KUBERL_HEAD_MEMORY", "4Gi"),
+            runtime_service_account=env.get("KUBERL_RUNTIME_SERVICE_ACCOUNT") or None,
             namespaces=tuple(namespaces or ()),
             metrics_port=metrics_port,
             webhook_port=webhook_port,

@@ -160,6 +160,9 @@ def live_a_whole_life(cp: ControlPlane, ns: str, name: str) -> None:
     create_rljob(cp, ns, name, runPolicy={"maxRestarts": 1, "backoffSeconds": 0, "ttlSecondsAfterFinished": 0})
     first = wait_until(lambda: rayjob(cp, ns, f"{name}-0"), timeout=30, what=f"the RayJob {name}-0")
     assert first["metadata"]["ownerReferences"][0]["name"] == name
+    cluster = first["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+    assert {pod.get("serviceAccountName") for pod in pods} == {"kuberl-runtime"}  # the chart's runtime account
     configmap = cp.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-spec")
     assert "tiny://demo" in configmap["data"]["rljob.yaml"]
     assert status_of(cp, ns, name)["rayJobName"] == f"{name}-0"

@@ -136,3 +136,14 @@ def test_manifest_round_trips_through_its_yaml_form(minimal_manifest):
     job = parse_rljob(minimal_manifest)
     again = parse_rljob(job.to_manifest())
     assert again == job
+
+
+def test_a_null_that_turns_a_default_off_survives_the_round_trip(minimal_manifest):
+    # the operator hands the runtime job.to_manifest(): dropping the null would bring dual clip back
+    job = parse_rljob(with_spec(minimal_manifest, algorithm={"name": "grpo", "dualClipC": None}))
+    assert job.spec.algorithm.dual_clip_c is None
+    manifest = job.to_manifest()
+    assert manifest["spec"]["algorithm"]["dualClipC"] is None  # type: ignore[index]
+    assert parse_rljob(manifest) == job
+    # a null that only means "not set" stays out of the YAML
+    assert "critic" not in parse_rljob(minimal_manifest).to_manifest()["spec"]["models"]  # type: ignore[index]

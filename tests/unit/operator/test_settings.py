@@ -10,7 +10,12 @@ def test_the_default_runtime_image_carries_the_kuberl_version():
 
 def test_environment_variables_override_the_defaults():
     settings = OperatorSettings.from_env(
-        {"KUBERL_RUNTIME_IMAGE": "my/runtime:2", "KUBERL_RESYNC_SECONDS": "2.5", "KUBERL_WEBHOOK_CONFIGURATION": ""},
+        {
+            "KUBERL_RUNTIME_IMAGE": "my/runtime:2",
+            "KUBERL_RESYNC_SECONDS": "2.5",
+            "KUBERL_WEBHOOK_CONFIGURATION": "",
+            "KUBERL_RUNTIME_SERVICE_ACCOUNT": "kuberl-runtime",
+        },
         namespaces=["a", "b"],
         metrics_port=9100,
     )
@@ -19,3 +24,5 @@ def test_environment_variables_override_the_defaults():
     assert settings.namespaces == ("a", "b")
     assert settings.metrics_port == 9100
     assert settings.webhook_configuration is None
+    assert settings.runtime_service_account == "kuberl-runtime"
+    assert OperatorSettings.from_env({}).runtime_service_account is None
