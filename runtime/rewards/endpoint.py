@@ -24,6 +24,10 @@ retried up to `maxRetries` times after 0.5 s, 1 s, 2 s ... (doubling, at most 30
 gets score 0.0 with the reason in `RewardResult.error` for each of its samples — the controller
 counts them and drops their gradient — and the job goes on.
 
+Redirects are not followed: a 3xx fails the batch without a retry, naming where it pointed. The
+token would otherwise travel to whatever address the answer names (urllib keeps the header on a
+redirect, to another host or to plain http); set `reward.endpoint.url` to the final address.
+
 Concurrency: at most `maxConcurrency` requests in flight per reward worker, whatever number of
 threads ask (a semaphore), so a pool of N workers puts at most N * maxConcurrency requests on the
 service.
@@ -132,6 +136,16 @@ def parse_scores(body: bytes, expected: int, url: str) -> list[RewardResult]:
     return results
 
 
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx comes back as an HTTPError instead of a new request (that would carry the token along)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_RefuseRedirects)
+
+
 class RewardEndpointClient:
     """Calls one reward service; thread-safe, never raises for a failed call (failed samples carry the reason)."""
 
@@ -173,9 +187,16 @@ class RewardEndpointClient:
             headers["Authorization"] = f"Bearer {self._token}"
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
-            with self._in_flight, urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with self._in_flight, _OPENER.open(request, timeout=self.timeout_s) as response:
                 answer = response.read()
         except urllib.error.HTTPError as error:
+            if 300 <= error.code < 400:
+                where = error.headers.get("Location", "?")
+                raise EndpointCallError(
+                    f"HTTP {error.code} from {self.url} redirects to {where}; redirects are not followed (the token "
+                    "would go along): set reward.endpoint.url to the final address",
+                    False,
+                ) from None
             retryable = error.code in RETRYABLE_STATUS or error.code >= 500
             detail = _preview(error.read() or b"")
             raise EndpointCallError(f"HTTP {error.code} from {self.url}: {detail!r}", retryable) from None

@@ -67,6 +67,8 @@ class _Handler(BaseHTTPRequestHandler):
             with service.guard:
                 service.in_flight -= 1
         self.send_response(status)
+        if status == 302:
+            self.send_header("Location", body.decode())
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -83,6 +85,8 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, b"<html>gateway says hi</html>"
         if behaviour == "short":
             return 200, json.dumps({"scores": scores[:-1]}).encode()
+        if behaviour.startswith("redirect "):  # "redirect <url>": a 302 elsewhere
+            return 302, behaviour.split(" ", 1)[1].encode()
         if behaviour == "null_first":
             scores[0] = None
         return 200, json.dumps({"scores": scores}).encode()
@@ -146,6 +150,17 @@ def test_bearer_token_from_the_environment_is_sent(serve: Any) -> None:
     spec = RewardEndpointSpec(url=service.url)
     RewardEndpointClient.from_spec(spec, env={TOKEN_ENV: "s3cret"}).score(*batch(1))
     assert service.requests[0]["headers"]["Authorization"] == "Bearer s3cret"
+
+
+def test_a_redirect_is_not_followed_and_the_token_stays_home(serve: Any) -> None:
+    elsewhere = serve("ok")
+    service = serve(f"redirect {elsewhere.url}")
+    results = client(service.url, token="s3cret", max_retries=3).score(*batch(2))
+    assert elsewhere.requests == []  # neither the token nor the samples went to the redirect's target
+    assert len(service.requests) == 1  # and it is not retried: the URL itself is wrong
+    assert all(
+        r.score == 0.0 and "redirects to" in (r.error or "") and elsewhere.url in (r.error or "") for r in results
+    )
 
 
 def test_no_authorization_header_without_a_token(serve: Any) -> None:
