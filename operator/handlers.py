@@ -48,6 +48,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
             prefix="kuberl.io", key="last-handled-configuration"
         )
         settings.posting.level = logging.WARNING  # the operator posts its own Events on transitions
+        # A deleted RLJob keeps its finalizer until its resync timer has stopped; kopf checks a timer that
+        # is mid-run every `cancellation_polling` seconds (60 by default, which held TTL deletions a minute).
+        settings.background.cancellation_polling = 1.0
 
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile-created", registry=registry)
     async def created(name: str, namespace: str | None, memo: Any, **_: Any) -> None:

@@ -170,9 +170,9 @@ def live_a_whole_life(cp: ControlPlane, ns: str, name: str) -> None:
     wait_until(lambda: rayjob(cp, ns, f"{name}-1"), timeout=30, what=f"the RayJob {name}-1 (a restart)")
     wait_until(lambda: rayjob(cp, ns, f"{name}-0") is None, timeout=30, what=f"{name}-0 deleted")
     play_kuberay(cp, ns, f"{name}-1", "Complete", "SUCCEEDED")
-    # Usually within a second. When the resync timer is mid-run as the deletion arrives, kopf releases its
-    # finalizer only at its next cancellation poll (settings.background.cancellation_polling, 60 s by default).
-    wait_until(lambda: rljob(cp, ns, name) is None, timeout=90, what="the RLJob deleted by its TTL")
+    # Usually within a second; when the resync timer is mid-run as the deletion arrives, kopf releases its
+    # finalizer at its next cancellation poll (settings.background.cancellation_polling: 1 s in handlers.py).
+    wait_until(lambda: rljob(cp, ns, name) is None, timeout=30, what="the RLJob deleted by its TTL")
 
 
 def test_operator_runs_a_job_through_a_restart_to_success_and_ttl_with_the_charts_rbac(
