@@ -66,7 +66,7 @@ def fingerprint(output: Path) -> tuple[list[float], bytes]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
