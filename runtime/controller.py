@@ -72,6 +72,7 @@ class Controller:
         self.estimator = ADVANTAGE_ESTIMATORS.get(str(spec.algorithm.advantage_estimator))
         self.needs_baseline = "baseline_scores" in getattr(self.estimator, "reads", ())
         self.kl_coef = spec.algorithm.kl.coef or 0.0
+        self.kl_in_reward = self.kl_coef > 0 and spec.algorithm.kl.placement == KLPlacement.REWARD
         self.pad_id = plan.tokenizer.pad_token_id if plan.tokenizer.pad_token_id is not None else 0
         self.weight_version = 0  # the training step whose weights the engines hold (0: the initial model)
         self.update_config = UpdateConfig(
@@ -226,12 +227,11 @@ class Controller:
         log-prob is first computed), when the engine's log-probs are not the behaviour policy, and when
         no stage before the update reads them (a KL penalty in the reward does).
         """
-        kl_in_reward = self.kl_coef > 0 and self.spec.algorithm.kl.placement == KLPlacement.REWARD
         return (
             self.spec.algorithm.ppo_epochs == 1
             and self.plan.mini_batches == 1
             and not self.spec.rollout.use_engine_logprobs
-            and not kl_in_reward
+            and not self.kl_in_reward
         )
 
     def old_logprobs(self, batch: RolloutBatch) -> None:
@@ -247,7 +247,7 @@ class Controller:
     def advantages(self, batch: RolloutBatch, failed: torch.Tensor) -> None:
         assert batch.scores is not None
         rewards = token_rewards_from_scores(batch.scores, batch.response_mask)  # (N, R)
-        if self.kl_coef > 0 and self.spec.algorithm.kl.placement == KLPlacement.REWARD:
+        if self.kl_in_reward:
             assert batch.ref_logprobs is not None and batch.old_logprobs is not None
             kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, str(self.spec.algorithm.kl.estimator))  # (N, R)
             rewards = rewards - self.kl_coef * kl * batch.response_mask  # (N, R)

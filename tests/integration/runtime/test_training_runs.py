@@ -45,5 +45,7 @@ def test_ppo_with_a_critic_runs_and_improves(ray_session, tmp_path):
     run = run_job(job, tmp_path, demo_base_dir(), progress=False)
     history = run.history
     assert all("critic/loss" in record and "actor/loss" in record for record in history)
+    # PPO's preset puts the KL in the reward: the old log-probs get a pass of their own before the advantages
+    assert all(record["time/old_logprobs"] > 0 and "kl/mean" in record for record in history)
     first, last = rewards(run)[:5], rewards(run)[-5:]
     assert sum(last) / 5 > sum(first) / 5 + 0.1, rewards(run)
