@@ -5,13 +5,21 @@ that role's worker group offers, so they land on their own pods; locally there i
 resource and they share the machine.
 """
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+import torch
 
 from kuberl.runtime.batch import RolloutBatch
+
+
+def worker_device() -> torch.device:
+    """This actor's device: the GPU Ray gave it (CUDA_VISIBLE_DEVICES is set), else the CPU."""
+    use_cuda = torch.cuda.is_available() and bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return torch.device("cuda", 0) if use_cuda else torch.device("cpu")
 
 
 @dataclass(frozen=True)

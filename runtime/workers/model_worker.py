@@ -21,6 +21,7 @@ from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_critic, update_policy
+from kuberl.runtime.workers.group import worker_device
 
 #: Models with weights and optimiser state that checkpoints carry (the reference never changes).
 TRAINED_ROLES = ("actor", "critic")
@@ -62,12 +63,14 @@ class ModelWorker:
     def setup(self, setup: WorkerSetup) -> dict[str, Any]:
         torch.set_num_threads(max(1, setup.threads))
         self.job = parse_rljob(setup.job)
-        use_cuda = torch.cuda.is_available() and bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
-        self.device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        self.device = worker_device()
         os.environ.update(MASTER_ADDR=setup.master_addr, MASTER_PORT=str(setup.master_port))
         if not dist.is_initialized():
             dist.init_process_group(
-                "nccl" if use_cuda else "gloo", rank=self.rank, world_size=self.world_size, device_id=None
+                "nccl" if self.device.type == "cuda" else "gloo",
+                rank=self.rank,
+                world_size=self.world_size,
+                device_id=None,
             )
         from transformers import AutoTokenizer
 

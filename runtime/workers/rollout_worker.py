@@ -19,7 +19,6 @@ answers `generate` only for the version it holds, so a rollout batch never mixes
 a load is under way it holds no version at all.
 """
 
-import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -29,6 +28,7 @@ from torch import Tensor
 
 from kuberl.api import parse_rljob
 from kuberl.runtime.engines.base import Generation, SamplingParams
+from kuberl.runtime.workers.group import worker_device
 
 #: (name, tensor) pairs that travel together through the object store.
 WeightBucket = list[tuple[str, Tensor]]
@@ -97,8 +97,7 @@ class RolloutWorker:
         started = time.perf_counter()
         torch.set_num_threads(max(1, threads))
         spec = parse_rljob(job_manifest).spec
-        use_cuda = torch.cuda.is_available() and bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
-        device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        device = worker_device()
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.engine = build_rollout_engine(spec, model_path, tokenizer, device)
         self.weight_version = 0
