@@ -47,7 +47,7 @@ from kuberl.api.spec import (
     RunPolicy,
     TrainingSpec,
 )
-from kuberl.api.status import Condition, Metrics, Progress, RLJobStatus
+from kuberl.api.status import Condition, Metrics, Progress, RLJobStatus, Validation
 
 __all__ = [
     "ALGORITHM_PRESETS",
@@ -93,6 +93,7 @@ __all__ = [
     "RunPolicy",
     "Toleration",
     "TrainingSpec",
+    "Validation",
     "load_rljob_file",
     "parse_rljob",
     "validate_file",

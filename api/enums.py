@@ -18,6 +18,8 @@ class AlgorithmName(StrEnum):
     RLOO = "rloo"
     REINFORCE_PP = "reinforce_pp"
     REMAX = "remax"
+    GSPO = "gspo"
+    CISPO = "cispo"
 
 
 class AdvantageEstimator(StrEnum):
@@ -27,16 +29,33 @@ class AdvantageEstimator(StrEnum):
     REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
     REMAX = "remax"
+    OPO = "opo"
+    GPG = "gpg"
+    GRPO_PASSK = "grpo_passk"
 
 
 #: Estimators that compare samples of the same prompt with each other, so need groupSize > 1.
 GROUP_ESTIMATORS = frozenset(
-    {AdvantageEstimator.GRPO, AdvantageEstimator.RLOO, AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE}
+    {
+        AdvantageEstimator.GRPO,
+        AdvantageEstimator.RLOO,
+        AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE,
+        AdvantageEstimator.OPO,
+        AdvantageEstimator.GPG,
+        AdvantageEstimator.GRPO_PASSK,
+    }
 )
 
 
 class PolicyLoss(StrEnum):
     PPO_CLIP = "ppo_clip"
+    GSPO = "gspo"
+    CISPO = "cispo"
+    CLIP_COV = "clip_cov"
+    KL_COV = "kl_cov"
+    GPG = "gpg"
+    GEO_MEAN = "geo_mean"
+    SAPO = "sapo"
 
 
 class LossAggregation(StrEnum):
@@ -44,6 +63,21 @@ class LossAggregation(StrEnum):
     SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
     SEQ_MEAN_TOKEN_SUM = "seq_mean_token_sum"
     SEQ_MEAN_TOKEN_SUM_NORM = "seq_mean_token_sum_norm"
+
+
+class ImportanceSamplingLevel(StrEnum):
+    """Rollout correction: one truncated importance weight per token, or one per sequence (their product)."""
+
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+
+
+class RejectionLevel(StrEnum):
+    """Rollout correction: reject a token, a whole sequence (ratio product) or a sequence by its geometric mean."""
+
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+    GEOMETRIC = "geometric"
 
 
 class KLEstimator(StrEnum):

@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import PydanticCustomError
 
-from kuberl.api.enums import ELASTIC_ROLES, GROUP_ESTIMATORS, AdvantageEstimator, Role, RolloutMode
+from kuberl.api.enums import (
+    ELASTIC_ROLES,
+    GROUP_ESTIMATORS,
+    AdvantageEstimator,
+    LossAggregation,
+    Role,
+    RolloutMode,
+)
+from kuberl.api.policy_losses import LOSS_KNOB_SECTIONS, SEQUENCE_LEVEL_LOSSES
 
 if TYPE_CHECKING:
     from kuberl.api.algorithm import AlgorithmSpec
@@ -39,6 +47,39 @@ def group_estimators_need_groups(algorithm: "AlgorithmSpec") -> Iterator[RulePro
         yield (
             ("groupSize",),
             (f"advantageEstimator {estimator} compares responses to the same prompt and needs groupSize >= 2"),
+        )
+
+
+def sequence_losses_weigh_each_response_once(algorithm: "AlgorithmSpec") -> Iterator[RuleProblem]:
+    loss, aggregation = algorithm.policy_loss, algorithm.loss_aggregation
+    if loss in SEQUENCE_LEVEL_LOSSES and aggregation != LossAggregation.SEQ_MEAN_TOKEN_MEAN:
+        yield (
+            ("lossAggregation",),
+            (
+                f"policyLoss {loss} has one ratio per response and needs lossAggregation seq_mean_token_mean "
+                f"(every response weighs the same); {aggregation} would weigh responses by their length"
+            ),
+        )
+
+
+def loss_knobs_belong_to_the_chosen_loss(algorithm: "AlgorithmSpec") -> Iterator[RuleProblem]:
+    for section, loss in LOSS_KNOB_SECTIONS.items():
+        if getattr(algorithm, section) is not None and algorithm.policy_loss != loss:
+            name = "".join(part.capitalize() if i else part for i, part in enumerate(section.split("_")))
+            yield (
+                (name,),
+                f"{name} holds the knobs of policyLoss {loss}, but policyLoss is {algorithm.policy_loss}; "
+                f"remove {name} or set policyLoss: {loss}",
+            )
+
+
+def dynamic_sampling_needs_groups(algorithm: "AlgorithmSpec") -> Iterator[RuleProblem]:
+    sampling = algorithm.dynamic_sampling
+    if sampling is not None and sampling.enabled and (algorithm.group_size or 1) < 2:
+        yield (
+            ("dynamicSampling",),
+            "dynamic sampling drops groups whose responses all score alike and needs groupSize >= 2; "
+            "raise groupSize or set dynamicSampling.enabled: false",
         )
 
 
@@ -116,7 +157,52 @@ def engine_logprobs_need_sampling_at_temperature(rollout: "RolloutSpec") -> Iter
         yield ("useEngineLogprobs",), "greedy decoding (temperature 0) has no behaviour log-probs to use"
 
 
-ALGORITHM_RULES: tuple[Rule, ...] = (group_estimators_need_groups,)
+def correction_is_not_counted_twice(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    correction = spec.algorithm.rollout_correction
+    if correction is None:
+        return
+    if spec.rollout.temperature == 0:
+        yield (
+            ("algorithm", "rolloutCorrection"),
+            "greedy decoding (rollout.temperature 0) has no sampling distribution to correct for; "
+            "remove rolloutCorrection or sample at a temperature above 0",
+        )
+    if correction.importance_sampling is not None and spec.rollout.use_engine_logprobs:
+        yield (
+            ("algorithm", "rolloutCorrection", "importanceSampling"),
+            "with rollout.useEngineLogprobs the PPO ratio already is pi / pi_engine; truncated weights on top "
+            "would count the correction twice. Use rejection only, or set useEngineLogprobs: false",
+        )
+
+
+def overlong_buffer_fits_the_budget(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    penalty = spec.reward.overlong_penalty
+    if penalty is None or not penalty.enabled or penalty.buffer_length is None:
+        return
+    if penalty.buffer_length >= spec.rollout.max_new_tokens:
+        yield (
+            ("reward", "overlongPenalty", "bufferLength"),
+            (
+                f"the overlong buffer ({penalty.buffer_length} tokens) must be shorter than rollout.maxNewTokens "
+                f"({spec.rollout.max_new_tokens}): responses shorter than maxNewTokens - bufferLength go unpunished"
+            ),
+        )
+
+
+def validation_needs_prompts(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    if spec.training.validation_every_steps is not None and spec.data.validation is None:
+        yield (
+            ("training", "validationEverySteps"),
+            "validation every N steps needs validation prompts; set data.validation, or remove validationEverySteps",
+        )
+
+
+ALGORITHM_RULES: tuple[Rule, ...] = (
+    group_estimators_need_groups,
+    sequence_losses_weigh_each_response_once,
+    loss_knobs_belong_to_the_chosen_loss,
+    dynamic_sampling_needs_groups,
+)
 RESOURCES_RULES: tuple[Rule, ...] = (replicas_within_bounds,)
 ROLLOUT_RULES: tuple[Rule, ...] = (engine_logprobs_need_sampling_at_temperature,)
 CHECKPOINT_RULES: tuple[Rule, ...] = (checkpoint_storage_is_one_place,)
@@ -127,6 +213,9 @@ SPEC_RULES: tuple[Rule, ...] = (
     colocated_rollout_uses_the_actor_pool,
     tensor_parallel_fits_the_pool,
     mini_batch_divides_batch,
+    correction_is_not_counted_twice,
+    overlong_buffer_fits_the_budget,
+    validation_needs_prompts,
 )
 
 

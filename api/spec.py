@@ -5,7 +5,7 @@ from typing import Annotated
 from pydantic import Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from kuberl.api.algorithm import AlgorithmSpec
+from kuberl.api.algorithm import ALGORITHM_PRESETS, AlgorithmSpec
 from kuberl.api.base import KuberlModel
 from kuberl.api.enums import ComputeDType, DType, LRSchedule, OverlongPrompt, RolloutEngine, RolloutMode
 from kuberl.api.resources import ResourcesSpec
@@ -131,6 +131,20 @@ class RewardEndpointSpec(KuberlModel):
     )
 
 
+class OverlongPenaltySpec(KuberlModel):
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13): a length-aware penalty added to the reward."""
+
+    enabled: bool = Field(True, description="Add the penalty. Default: on with algorithm.name dapo.")
+    buffer_length: int | None = Field(
+        None,
+        ge=1,
+        description="The punishment interval L_cache in tokens: a response longer than rollout.maxNewTokens - "
+        "bufferLength loses (length - (maxNewTokens - bufferLength)) / bufferLength * penaltyFactor, "
+        "reaching -penaltyFactor at maxNewTokens. Default: a fifth of maxNewTokens (DAPO: 4096 of 20480).",
+    )
+    penalty_factor: float = Field(1.0, gt=0, le=1000, description="The penalty at the full budget.")
+
+
 class RewardSpec(KuberlModel):
     """The reward: exactly one of function, model or endpoint."""
 
@@ -143,6 +157,11 @@ class RewardSpec(KuberlModel):
     model: RewardModelSpec | None = Field(None, description="A sequence-classification reward model.")
     endpoint: RewardEndpointSpec | None = Field(None, description="An HTTP reward service.")
     batch_size: int = Field(32, ge=1, le=65536, description="Samples sent to one reward worker at a time.")
+    overlong_penalty: OverlongPenaltySpec | None = Field(
+        None,
+        description="DAPO's soft overlong punishment, added to every response's score. "
+        "Default: on with algorithm.name dapo, off otherwise.",
+    )
 
     @field_validator("function")
     @classmethod
@@ -199,8 +218,9 @@ class RolloutSpec(KuberlModel):
     verify_sync_tolerance: float = Field(1e-4, gt=0, description="Largest allowed log-prob difference.")
     use_engine_logprobs: bool = Field(
         False,
-        description="Use the engine's log-probs of the sampled tokens as the behaviour policy instead of a "
-        "trainer forward pass, with a truncated importance correction.",
+        description="Bypass mode (verl's): the engine's log-probs of the sampled tokens are the behaviour policy "
+        "(log pi_old), so no trainer pass recomputes them and the PPO ratio is pi / pi_engine, which the loss's "
+        "clip bounds. algorithm.rolloutCorrection.rejection still applies; its importanceSampling does not.",
     )
     sync_bucket_mb: int = Field(
         256, ge=1, le=65536, description="Weight sync moves parameters in buckets of at most this size."
@@ -216,7 +236,13 @@ class DataSpec(KuberlModel):
     """Prompts: where they are and how they become model input."""
 
     train: str = Field(description="Training prompts: a .jsonl or .parquet file (or a directory of them).")
-    validation: str | None = Field(None, description="Validation prompts, same format.")
+    validation: str | None = Field(
+        None,
+        description="Validation prompts, same format. Each is answered greedily once and sampled groupSize "
+        "times at the rollout temperature; the job reports val/greedy_mean, val/mean@k, and for a reward "
+        "that is 0 or 1 val/pass@k and val/maj@k. Scored every training.validationEverySteps steps and after "
+        "the last step.",
+    )
     prompt_field: str = Field(
         "prompt", min_length=1, description="Record field holding the prompt (a string, or a list of chat messages)."
     )
@@ -247,7 +273,9 @@ class TrainingSpec(KuberlModel):
     micro_batch_size: int = Field(
         8, ge=1, description="Sequences per forward/backward pass on one rank (gradient accumulation)."
     )
-    validation_every_steps: int | None = Field(None, ge=1, description="Run validation every N steps.")
+    validation_every_steps: int | None = Field(
+        None, ge=1, description="Score data.validation every N steps (it is always scored after the last step)."
+    )
     compute_dtype: ComputeDType = Field(
         ComputeDType.AUTO,
         description="Precision of the trainers' forward and backward passes; parameters, gradients and optimiser "
@@ -348,5 +376,10 @@ class RLJobSpec(KuberlModel):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "RLJobSpec":
+        if self.reward.overlong_penalty is None and ALGORITHM_PRESETS[self.algorithm.name].overlong_penalty:
+            self.reward.overlong_penalty = OverlongPenaltySpec()
+        penalty = self.reward.overlong_penalty
+        if penalty is not None and penalty.enabled and penalty.buffer_length is None:
+            penalty.buffer_length = max(1, self.rollout.max_new_tokens // 5)
         raise_rule_problems(self, SPEC_RULES)
         return self

@@ -1,5 +1,5 @@
 """`status` of an RLJob. The operator owns phase, conditions and restarts; the runtime owns progress,
-metrics and lastCheckpoint. Each writes only its own fields."""
+metrics, validation and lastCheckpoint. Each writes only its own fields."""
 
 from datetime import datetime
 
@@ -38,6 +38,21 @@ class Metrics(KuberlModel):
     reward_workers: int | None = Field(None, ge=0, description="Reward workers running now (elastic pool).")
 
 
+class Validation(KuberlModel):
+    """The latest scores on spec.data.validation (see that field)."""
+
+    step: int = Field(ge=0, description="Training steps done when the validation prompts were scored.")
+    samples: int = Field(ge=1, description="k: sampled responses per prompt (groupSize).")
+    greedy_mean: float = Field(description="Mean score of the greedy responses.")
+    mean_at_k: float = Field(description="Mean score of the k sampled responses.")
+    pass_at_k: float | None = Field(
+        None, description="Share of prompts with a correct response among k (a 0/1 reward only)."
+    )
+    maj_at_k: float | None = Field(
+        None, description="Share of prompts whose most frequent final answer among k is correct (a 0/1 reward only)."
+    )
+
+
 class CheckpointRef(KuberlModel):
     """A committed checkpoint."""
 
@@ -63,4 +78,5 @@ class RLJobStatus(KuberlModel):
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
     progress: Progress | None = Field(None, description="Training progress, published by the runtime.")
     metrics: Metrics | None = Field(None, description="Latest training metrics, published by the runtime.")
+    validation: Validation | None = Field(None, description="Latest validation scores, published by the runtime.")
     last_checkpoint: CheckpointRef | None = Field(None, description="The newest complete checkpoint.")

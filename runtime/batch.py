@@ -26,6 +26,7 @@ class RolloutBatch:
     engine_logprobs: Tensor | None = None  # (N, R) log π_rollout of each sampled token, from the engine
     # reward
     scores: Tensor | None = None  # (N,) sequence reward
+    scored: Tensor | None = None  # (N,) bool: the reward succeeded; a failed sample trains nothing
     baseline_scores: Tensor | None = None  # (N,) the greedy response's score for the prompt (remax)
     # trainer forward passes
     old_logprobs: Tensor | None = None  # (N, R) log π_old, the behaviour policy
@@ -35,6 +36,11 @@ class RolloutBatch:
     token_rewards: Tensor | None = None  # (N, R) score on the last token, minus the KL penalty when in the reward
     advantages: Tensor | None = None  # (N, R)
     returns: Tensor | None = None  # (N, R)
+    # what the actor update trains on
+    loss_mask: Tensor | None = (
+        None  # (N, R) float: response tokens of scored samples, less tokens the correction rejects
+    )
+    is_weights: Tensor | None = None  # (N, R) truncated importance weights pi_old / pi_engine (rollout correction)
     # not tensors: travel beside the rows, in row order
     texts: list[str] = field(default_factory=list)  # decoded responses, for rewards and logs
     samples: list[dict[str, Any]] = field(default_factory=list)  # each response's dataset record

@@ -1,11 +1,15 @@
 """The single controller: one short loop over the role worker groups.
 
-    rollout -> reward -> reference / critic / old log-probs -> advantages -> update -> sync
+    rollout -> reward [-> more rounds: dynamic sampling] -> reference / old log-probs -> correction
+    -> critic -> advantages -> update -> sync [-> validation]
 
 The loop never branches on an algorithm's name: the estimator, the loss and the KL estimator
 are looked up in registries, and a stage runs when the configuration asks for what it makes
 (a KL coefficient needs reference log-probs, a critic needs values, an estimator that reads
-`baseline_scores` needs the greedy baseline).
+`baseline_scores` needs the greedy baseline, dynamic sampling needs more rounds).
+
+A sample whose reward failed trains nothing and counts in no statistic: not in its group's, not in
+reward/mean, not in the critic's targets (batch.scored, batch.loss_mask).
 """
 
 import logging
@@ -18,15 +22,20 @@ import numpy as np
 import torch
 
 from kuberl.api import KLPlacement
-from kuberl.runtime.algorithms.advantages import AdvantageInputs
+from kuberl.runtime.algorithm_settings import correction_config, policy_loss_config
+from kuberl.runtime.algorithms.advantages import AdvantageInputs, estimator_reads
+from kuberl.runtime.algorithms.correction import rollout_correction
 from kuberl.runtime.algorithms.kl import kl_penalty
 from kuberl.runtime.algorithms.masked import masked_mean
 from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
+from kuberl.runtime.algorithms.shaping import overlong_penalty
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.data import Prompt
+from kuberl.runtime.dynamic_sampling import DynamicSampler
 from kuberl.runtime.engines.base import Generation, SamplingParams
-from kuberl.runtime.plan import RunPlan
+from kuberl.runtime.plan import RunConfigError, RunPlan
 from kuberl.runtime.updates import UpdateConfig, token_rewards_from_scores
+from kuberl.runtime.validation import Scored, validation_metrics
 from kuberl.runtime.workers.group import WorkerGroup
 
 log = logging.getLogger(__name__)
@@ -34,6 +43,10 @@ log = logging.getLogger(__name__)
 
 class SyncMismatchError(RuntimeError):
     """The rollout engine's log-probs differ from the trainer's after a weight sync."""
+
+
+#: Seed streams of generation beyond a step's first rollout (the first keeps its historical seeds).
+VALIDATION_STREAM = 1 << 20
 
 
 def derive_seed(*parts: int) -> int:
@@ -70,7 +83,18 @@ class Controller:
         self.algo = spec.algorithm
         self.group_size = spec.algorithm.group_size or 1
         self.estimator = ADVANTAGE_ESTIMATORS.get(str(spec.algorithm.advantage_estimator))
-        self.needs_baseline = "baseline_scores" in getattr(self.estimator, "reads", ())
+        self.needs_baseline = "baseline_scores" in estimator_reads(self.estimator)
+        self.correction = correction_config(spec)
+        self.overlong = spec.reward.overlong_penalty if spec.reward.overlong_penalty is not None else None
+        if self.overlong is not None and not self.overlong.enabled:
+            self.overlong = None
+        sampling = spec.algorithm.dynamic_sampling
+        self.sampler = None
+        if sampling is not None and sampling.enabled:
+            rows_unit = plan.mini_batches * plan.actor_world_size
+            self.sampler = DynamicSampler(
+                sampling, plan.loader.dataset, spec.data.batch_size, self.group_size, rows_unit, spec.training.seed
+            )
         self.kl_coef = spec.algorithm.kl.coef or 0.0
         self.kl_in_reward = self.kl_coef > 0 and spec.algorithm.kl.placement == KLPlacement.REWARD
         self.pad_id = plan.tokenizer.pad_token_id if plan.tokenizer.pad_token_id is not None else 0
@@ -83,9 +107,10 @@ class Controller:
             temperature=spec.rollout.temperature,
             aggregation=str(spec.algorithm.loss_aggregation),
             max_response_length=spec.rollout.max_new_tokens,
-            clip_low=spec.algorithm.clip_ratio_low,
-            clip_high=spec.algorithm.clip_ratio_high or spec.algorithm.clip_ratio_low,
-            dual_clip_c=spec.algorithm.dual_clip_c,
+            policy_loss=str(spec.algorithm.policy_loss),
+            loss_config=policy_loss_config(spec.algorithm),
+            bypass_correction=self.correction if spec.rollout.use_engine_logprobs else None,
+            seed=spec.training.seed,
             kl_in_loss_coef=self.kl_coef if spec.algorithm.kl.placement == KLPlacement.LOSS else 0.0,
             kl_estimator=str(spec.algorithm.kl.estimator),
             entropy_coef=spec.algorithm.entropy_coef,
@@ -98,7 +123,12 @@ class Controller:
         if start_step > 0 and self.groups.rollout is not None:
             self.sync(None, start_step)  # the pool starts from the initial model; resumed weights are newer
         for step in range(start_step, self.plan.total_steps):
-            on_step(self.step(step))
+            result = self.step(step)
+            if self.validation_due(step):
+                started = time.perf_counter()
+                result.metrics.update(self.validate(step))
+                result.metrics["time/validation"] = time.perf_counter() - started
+            on_step(result)
 
     def step(self, step: int) -> StepResult:
         epoch, prompts = self.plan.loader.batch(step)
@@ -107,25 +137,41 @@ class Controller:
         def timed(stage: str, fn: Callable[..., Any], *args: Any) -> Any:
             started = time.perf_counter()
             out = fn(*args)
-            timings[f"time/{stage}"] = time.perf_counter() - started
+            key = f"time/{stage}"
+            timings[key] = timings.get(key, 0.0) + time.perf_counter() - started  # stages may run once per round
             return out
 
-        batch = timed("rollout", self.rollout, prompts, step)
-        failed = timed("reward", self.score, batch, prompts, step)
-        timed("reference", self.reference_logprobs, batch)
-        timed("old_logprobs", self.old_logprobs, batch)
-        timed("critic", self.critic_values, batch)
-        timed("advantages", self.advantages, batch, failed)
-        update_metrics = timed("update", self.update, batch)
-        sync_metrics = timed("sync", self.sync, batch, step + 1)
-        metrics = {**self.batch_metrics(batch, failed), **update_metrics, **sync_metrics, **timings}
+        def generate_and_score(round_prompts: list[Prompt], round_index: int) -> tuple[RolloutBatch, torch.Tensor]:
+            batch = timed("rollout", self.rollout, round_prompts, step, round_index)
+            results = timed("reward", self.score, batch, round_prompts, step, round_index)
+            return batch, self.filter_values(batch, results)
+
+        if self.sampler is None:
+            generated, sampling_metrics = generate_and_score(prompts, 0)[0], {}
+            batch: RolloutBatch | None = generated
+        else:
+            generated, batch, sampling_metrics = self.sampler.collect(prompts, step, generate_and_score)
+        metrics = {**self.reward_metrics(generated), **sampling_metrics}
+        if batch is not None:  # dynamic sampling may find nothing worth training on
+            timed("reference", self.reference_logprobs, batch)
+            timed("old_logprobs", self.old_logprobs, batch)
+            metrics.update(timed("correction", self.training_tokens, batch))
+            timed("critic", self.critic_values, batch)
+            timed("advantages", self.advantages, batch)
+            metrics.update(timed("update", self.update, batch))
+            metrics.update(timed("sync", self.sync, batch, step + 1))
+            metrics.update(self.batch_metrics(batch))
+        metrics.update(timings)
         metrics.update(self.groups.reward.metrics())
         metrics["time/step"] = sum(timings.values())
-        metrics["throughput/tokens_per_second"] = float(batch.response_mask.sum()) / max(timings["time/rollout"], 1e-9)
+        metrics["throughput/tokens_per_second"] = float(generated.response_mask.sum()) / max(
+            timings["time/rollout"], 1e-9
+        )
         return StepResult(step, epoch, metrics)
 
     # -- stages -------------------------------------------------------------------------------------
-    def sampling(self, step: int, rank: int, *, greedy: bool = False) -> SamplingParams:
+    def sampling(self, step: int, rank: int, *, greedy: bool = False, stream: int = 0) -> SamplingParams:
+        """Sampling of `step` on engine `rank`; `stream` > 0 (another round, validation) draws other seeds."""
         rollout = self.spec.rollout
         stop_ids = (self.plan.tokenizer.eos_token_id,) if self.plan.tokenizer.eos_token_id is not None else ()
         return SamplingParams(
@@ -136,10 +182,12 @@ class Controller:
             n=1 if greedy else self.group_size,
             stop_token_ids=stop_ids,
             stop=tuple(rollout.stop),
-            seed=derive_seed(self.spec.training.seed, step, rank, int(greedy)),
+            seed=derive_seed(self.spec.training.seed, step, rank, int(greedy), *((stream,) if stream else ())),
         )
 
-    def _generate(self, prompts: list[Prompt], step: int, greedy: bool = False) -> list[list[Generation]]:
+    def _generate(
+        self, prompts: list[Prompt], step: int, greedy: bool = False, stream: int = 0
+    ) -> list[list[Generation]]:
         """Prompts split over the engines: the actor's ranks (colocated) or the rollout replicas (separate)."""
         import ray
 
@@ -150,13 +198,13 @@ class Controller:
         calls = []
         for rank, shard in enumerate(shards):
             inputs = [prompts[i].input_ids for i in shard]
-            params = self.sampling(step, rank, greedy=greedy)
+            params = self.sampling(step, rank, greedy=greedy, stream=stream)
             version = (self.weight_version,) if separate else ()
             calls.append(group.workers[rank].generate.remote(inputs, params, *version))
         return [generations for part in ray.get(calls) for generations in part]
 
-    def rollout(self, prompts: list[Prompt], step: int) -> RolloutBatch:
-        generations = self._generate(prompts, step)
+    def rollout(self, prompts: list[Prompt], step: int, round_index: int = 0) -> RolloutBatch:
+        generations = self._generate(prompts, step, stream=round_index)
         rows = [(p, g) for p, gens in zip(prompts, generations, strict=True) for g in gens]
         width_p = max(len(p.input_ids) for p, _ in rows)
         width_r = max(1, max(len(g.token_ids) for _, g in rows))
@@ -190,20 +238,53 @@ class Controller:
     def _score_texts(self, prompt_texts: list[str], texts: list[str], samples: list[dict[str, Any]]) -> list[Any]:
         return self.groups.reward.score(prompt_texts, texts, samples)
 
-    def score(self, batch: RolloutBatch, prompts: list[Prompt], step: int) -> torch.Tensor:
-        """Scores into the batch; returns the (N,) bool mask of samples whose reward failed."""
+    def score(self, batch: RolloutBatch, prompts: list[Prompt], step: int, round_index: int = 0) -> list[Any]:
+        """Scores (with any overlong penalty) and which rewards succeeded into the batch; returns the results."""
         prompt_texts = [p.text for p in prompts for _ in range(self.group_size)]
         results = self._score_texts(prompt_texts, batch.texts, batch.samples)
-        batch.scores = torch.tensor([r.score for r in results], dtype=torch.float32)  # (N,)
-        failed = torch.tensor([r.error is not None for r in results])  # (N,)
-        for row in failed.nonzero().flatten().tolist():
-            log.warning("step %d: reward failed for response %d: %s", step, row, results[row].error)
+        scores = torch.tensor([r.score for r in results], dtype=torch.float32)  # (N,)
+        scored = torch.tensor([r.error is None for r in results])  # (N,)
+        for row in (~scored).nonzero().flatten().tolist():
+            log.warning("step %d: reward failed for response %d: %s", step + 1, row, results[row].error)
+        if self.overlong is not None:
+            assert self.overlong.buffer_length is not None  # the API fills it
+            lengths = batch.response_lengths  # (N,)
+            max_new = self.spec.rollout.max_new_tokens
+            scores = scores + overlong_penalty(
+                lengths, max_new, self.overlong.buffer_length, self.overlong.penalty_factor
+            )
         if self.needs_baseline:
-            greedy = self._generate(prompts, step, greedy=True)
+            greedy = self._generate(prompts, step, greedy=True, stream=round_index)
             greedy_texts = [self.plan.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in greedy]
             base = self._score_texts([p.text for p in prompts], greedy_texts, [p.record for p in prompts])
             batch.baseline_scores = torch.tensor([r.score for r in base]).repeat_interleave(self.group_size)  # (N,)
-        return failed
+            # a failed baseline is no baseline: the prompt's samples would be compared with a placeholder
+            scored &= torch.tensor([r.error is None for r in base]).repeat_interleave(self.group_size)  # (N,)
+        batch.scores, batch.scored = scores, scored
+        return results
+
+    def filter_values(self, batch: RolloutBatch, results: list[Any]) -> torch.Tensor:
+        """(N,) what dynamic sampling compares within a group (spec.algorithm.dynamicSampling.metric)."""
+        sampling = self.algo.dynamic_sampling
+        metric = sampling.metric if sampling is not None else "score"
+        if metric == "reward":
+            assert batch.scores is not None
+            return batch.scores
+        if metric == "score":
+            return torch.tensor([r.score for r in results], dtype=torch.float32)
+        values = []
+        for row, result in enumerate(results):
+            if result.error is not None:
+                values.append(0.0)  # not scored: not compared
+            elif metric not in result.metrics:
+                returned = ", ".join(sorted(result.metrics)) or "only a score"
+                raise RunConfigError(
+                    f"spec.algorithm.dynamicSampling.metric {metric!r}: the reward returned no such metric for "
+                    f"response {row} (it returned {returned}); use score, reward or one of those"
+                )
+            else:
+                values.append(result.metrics[metric])
+        return torch.tensor(values, dtype=torch.float32)
 
     def _forward(self, role: str, batch: RolloutBatch) -> torch.Tensor:
         group = self.groups.host(role)
@@ -225,13 +306,15 @@ class Controller:
 
         That holds with one PPO epoch over one mini-batch (the policy has not moved when each token's
         log-prob is first computed), when the engine's log-probs are not the behaviour policy, and when
-        no stage before the update reads them (a KL penalty in the reward does).
+        no stage before the update reads them (a KL penalty in the reward does, and so does the rollout
+        correction, which weighs each token by pi_old / pi_engine before the update).
         """
         return (
             self.spec.algorithm.ppo_epochs == 1
             and self.plan.mini_batches == 1
             and not self.spec.rollout.use_engine_logprobs
             and not self.kl_in_reward
+            and self.correction is None
         )
 
     def old_logprobs(self, batch: RolloutBatch) -> None:
@@ -240,11 +323,28 @@ class Controller:
         elif not self.update_config.on_policy:
             batch.old_logprobs = self._forward("actor", batch)
 
+    def training_tokens(self, batch: RolloutBatch) -> dict[str, float]:
+        """batch.loss_mask: the response tokens of samples whose reward succeeded, less those the rollout
+        correction rejects; with truncated importance sampling, batch.is_weights. Returns the correction's metrics.
+
+        Decoupled mode only: in bypass mode (rollout.useEngineLogprobs) the update corrects each micro-batch
+        against the current policy (UpdateConfig.bypass_correction).
+        """
+        assert batch.scored is not None
+        batch.loss_mask = batch.response_mask * batch.scored.float()[:, None]  # (N, R)
+        if self.correction is None or self.spec.rollout.use_engine_logprobs:
+            return {}
+        assert batch.old_logprobs is not None and batch.engine_logprobs is not None
+        correction = rollout_correction(batch.old_logprobs, batch.engine_logprobs, batch.loss_mask, self.correction)
+        batch.is_weights = correction.weights
+        batch.loss_mask = batch.loss_mask * correction.keep  # (N, R)
+        return {f"correction/{name}": float(value) for name, value in correction.metrics.items()}
+
     def critic_values(self, batch: RolloutBatch) -> None:
         if self.spec.models.critic is not None:
             batch.values = self._forward("critic", batch)
 
-    def advantages(self, batch: RolloutBatch, failed: torch.Tensor) -> None:
+    def advantages(self, batch: RolloutBatch) -> None:
         assert batch.scores is not None
         rewards = token_rewards_from_scores(batch.scores, batch.response_mask)  # (N, R)
         if self.kl_in_reward:
@@ -261,11 +361,9 @@ class Controller:
             gamma=self.algo.gamma,
             lam=self.algo.lam,
             normalize_std=bool(self.algo.normalize_advantage_std),
+            scored=batch.scored,
         )
-        advantages, returns = self.estimator(inputs)  # (N, R), (N, R)
-        # a sample whose reward failed teaches nothing: no policy gradient from it
-        batch.advantages = advantages * (~failed).float()[:, None]  # (N, R)
-        batch.returns = returns
+        batch.advantages, batch.returns = self.estimator(inputs)  # (N, R), (N, R)
 
     def _layout_for_update(self, batch: RolloutBatch) -> RolloutBatch:
         """Rows reordered so that rank r's contiguous shard holds its part of every mini-batch in order."""
@@ -319,18 +417,62 @@ class Controller:
             )
         return diff
 
+    # -- validation ---------------------------------------------------------------------------------
+    def validation_due(self, step: int) -> bool:
+        """data.validation is scored every training.validationEverySteps steps and after the last step."""
+        if self.plan.validation is None:
+            return False
+        done, every = step + 1, self.spec.training.validation_every_steps
+        return done == self.plan.total_steps or (every is not None and done % every == 0)
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Greedy and groupSize sampled responses to every validation prompt, scored (see runtime/validation.py)."""
+        assert self.plan.validation is not None
+        prompts = self.plan.validation.prompts
+        decode = self.plan.tokenizer.decode
+
+        def scored(gens: list[list[Generation]]) -> list[list[Scored]]:
+            texts = [[decode(g.token_ids, skip_special_tokens=True) for g in per_prompt] for per_prompt in gens]
+            flat = [(p, t) for p, per_prompt in zip(prompts, texts, strict=True) for t in per_prompt]
+            results = self._score_texts([p.text for p, _ in flat], [t for _, t in flat], [p.record for p, _ in flat])
+            ranked = iter(Scored(t, r.score, r.error is None) for (_, t), r in zip(flat, results, strict=True))
+            return [[next(ranked) for _ in per_prompt] for per_prompt in texts]
+
+        greedy = scored(self._generate(prompts, step, greedy=True, stream=VALIDATION_STREAM))
+        sampled = scored(self._generate(prompts, step, stream=VALIDATION_STREAM))
+        return validation_metrics([responses[0] for responses in greedy], sampled)
+
     # -- metrics ------------------------------------------------------------------------------------
-    def batch_metrics(self, batch: RolloutBatch, failed: torch.Tensor) -> dict[str, float]:
-        assert batch.scores is not None
-        mask = batch.response_mask
+    def reward_metrics(self, generated: RolloutBatch) -> dict[str, float]:
+        """Rewards and lengths of every response generated this step (over all dynamic-sampling rounds)."""
+        assert generated.scores is not None and generated.scored is not None
+        scored = generated.scored  # (N,)
+        scores = generated.scores[scored]  # (n,) what the estimator sees, overlong penalty included
+        lengths = generated.response_lengths  # (N,)
         metrics = {
-            "reward/mean": float(batch.scores.mean()),
-            "reward/std": float(batch.scores.std()) if len(batch) > 1 else 0.0,
-            "reward/failed": float(failed.sum()),
-            "response/length_mean": float(mask.sum(-1).mean()),
-            "response/clip_fraction": float((mask.sum(-1) >= self.spec.rollout.max_new_tokens).float().mean()),
-            "rollout/tokens": float(mask.sum()),
+            "reward/mean": float(scores.mean()) if len(scores) else 0.0,
+            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "reward/failed": float((~scored).sum()),
+            "response/length_mean": float(lengths.mean()),
+            "response/clip_fraction": float((lengths >= self.spec.rollout.max_new_tokens).float().mean()),
+            "rollout/tokens": float(generated.response_mask.sum()),
         }
+        if self.overlong is not None and len(scores):
+            assert self.overlong.buffer_length is not None
+            penalty = overlong_penalty(
+                lengths[scored],
+                self.spec.rollout.max_new_tokens,
+                self.overlong.buffer_length,
+                self.overlong.penalty_factor,
+            )  # (n,)
+            metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+            metrics["reward/overlong_fraction"] = float((penalty < 0).float().mean())
+        return metrics
+
+    def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        """Of the batch that trained."""
+        mask = batch.response_mask
+        metrics: dict[str, float] = {}
         if batch.ref_logprobs is not None and batch.old_logprobs is not None:
             metrics["kl/mean"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, mask))
         if (

@@ -198,6 +198,7 @@ def run_job(
     from kuberl.runtime.metrics import RunReporter
     from kuberl.runtime.plan import make_plan
     from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
+    from kuberl.runtime.validation import validation_status
 
     plan = make_plan(job, output_dir, base_dir, cache_dir())  # every check before anything is written
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -228,7 +229,8 @@ def run_job(
                     "epoch": result.epoch,
                     "etaSeconds": reporter.eta_seconds(result.step),
                 }
-                publisher.publish(progress_status, status_metrics(result.metrics), latest)
+                validation = validation_status(result.metrics, result.step + 1)
+                publisher.publish(progress_status, status_metrics(result.metrics), latest, validation)
                 if preemption.requested and not final:
                     raise Preempted(result.step + 1, checkpointing.latest)
 

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 HEADLINE = ("reward/mean", "kl/mean", "response/length_mean")
+#: A fourth panel when the run validated: the greedy and sampled validation means.
+VALIDATION_PANEL = "val/greedy_mean"
 
 
 class RunReporter:
@@ -85,11 +87,23 @@ def plot_history(history: list[dict[str, Any]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     steps = [record["step"] for record in history]
-    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(4 * len(HEADLINE), 3.2))
-    for axis, name in zip(axes, HEADLINE, strict=True):
+    validated = [record for record in history if VALIDATION_PANEL in record]
+    panels = len(HEADLINE) + bool(validated)
+    fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.2))
+    for axis, name in zip(axes, HEADLINE, strict=False):
         values = [record.get(name, math.nan) for record in history]
         axis.plot(steps, values, marker=".", linewidth=1)
         axis.set_title(name)
+    if validated:
+        axis = axes[-1]
+        sampled = next(name for name in validated[-1] if name.startswith("val/mean@"))
+        validated_steps = [record["step"] for record in validated]
+        for name in (VALIDATION_PANEL, sampled):
+            values = [record.get(name, math.nan) for record in validated]
+            axis.plot(validated_steps, values, marker="o", label=name)
+        axis.set_title("validation")
+        axis.legend(fontsize=8)
+    for axis in axes:
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
     fig.tight_layout()

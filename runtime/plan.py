@@ -28,6 +28,7 @@ class RunPlan:
     loader: PromptLoader
     actor_world_size: int
     mini_batches: int
+    validation: PromptDataset | None = None  # data.validation, tokenized
 
     @property
     def total_steps(self) -> int:
@@ -79,4 +80,7 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
             f"{rows_per_mini} responses cannot be split evenly over the actor's {world} ranks "
             "(spec.resources.actor); choose sizes whose product is a multiple of the rank count"
         )
-    return RunPlan(job, output_dir, base_dir, paths, tokenizer, loader, world, mini_batches)
+    validation = None
+    if spec.data.validation is not None:
+        validation = PromptDataset.load(spec.data, tokenizer, base_dir, split="validation")
+    return RunPlan(job, output_dir, base_dir, paths, tokenizer, loader, world, mini_batches, validation)

@@ -1,8 +1,8 @@
-"""The runtime's progress on the RLJob itself: status.progress, status.metrics, status.lastCheckpoint.
+"""The runtime's progress on the RLJob itself: status.progress, .metrics, .validation and .lastCheckpoint.
 
 Inside a Kubernetes pod (the operator sets KUBERL_JOB_NAME and KUBERL_JOB_NAMESPACE; the pod's
 service account token is mounted) the publisher PATCHes the RLJob's status subresource with
-server-side apply under the field manager `kuberl-runtime`, which owns only those three fields:
+server-side apply under the field manager `kuberl-runtime`, which owns only those fields:
 the operator's manager owns phase, conditions and restarts, and neither overwrites the other.
 Anywhere else (`kuberl run` on a laptop, tests) it is a no-op.
 
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kuberl.api.status import CheckpointRef, Metrics, Progress
+from kuberl.api.status import CheckpointRef, Metrics, Progress, Validation
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ def apply_patch(
     progress: Mapping[str, Any],
     metrics: Mapping[str, Any],
     last_checkpoint: Mapping[str, Any] | None,
+    validation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The server-side-apply body: the RLJob's identity and only the status fields the runtime owns.
 
@@ -75,6 +76,8 @@ def apply_patch(
     }
     if last_checkpoint is not None:
         status["lastCheckpoint"] = CheckpointRef.model_validate(dict(last_checkpoint)).to_manifest()
+    if validation is not None:
+        status["validation"] = Validation.model_validate(dict(validation)).to_manifest()
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
@@ -93,9 +96,13 @@ class StatusPublisher:
     """Console-only (does nothing) outside Kubernetes; see `from_environment`."""
 
     def publish(
-        self, progress: Mapping[str, Any], metrics: Mapping[str, Any], last_checkpoint: Mapping[str, Any] | None
+        self,
+        progress: Mapping[str, Any],
+        metrics: Mapping[str, Any],
+        last_checkpoint: Mapping[str, Any] | None,
+        validation: Mapping[str, Any] | None = None,
     ) -> None:
-        """Hand over the latest progress; returns at once."""
+        """Hand over the latest progress (validation: the step's scores, if it validated); returns at once."""
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is still pending (best effort, at most `timeout` seconds) and stop."""
@@ -136,6 +143,7 @@ class KubernetesStatusPublisher(StatusPublisher):
         self.ssl_context = ssl_context
         self.min_interval, self.log_interval, self.request_timeout = min_interval, log_interval, request_timeout
         self._pending: dict[str, Any] | None = None
+        self._validation: Mapping[str, Any] | None = None
         self._wake = threading.Condition()
         self._closing = False
         self._last_sent = -float("inf")
@@ -145,10 +153,16 @@ class KubernetesStatusPublisher(StatusPublisher):
         self._thread.start()
 
     def publish(
-        self, progress: Mapping[str, Any], metrics: Mapping[str, Any], last_checkpoint: Mapping[str, Any] | None
+        self,
+        progress: Mapping[str, Any],
+        metrics: Mapping[str, Any],
+        last_checkpoint: Mapping[str, Any] | None,
+        validation: Mapping[str, Any] | None = None,
     ) -> None:
+        # the latest scores go with every apply: a field the manager stops sending is removed
+        self._validation = validation if validation is not None else self._validation
         try:
-            body = apply_patch(self.name, self.namespace, progress, metrics, last_checkpoint)
+            body = apply_patch(self.name, self.namespace, progress, metrics, last_checkpoint, self._validation)
         except ValueError as error:  # a caller's bug, reported like a failed request: training goes on
             self._report_failure(f"invalid status values: {error}")
             return

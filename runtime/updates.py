@@ -4,15 +4,26 @@ The controller hands each rank a shard laid out as `mini_batches` equal consecut
 one per mini-batch (see `Controller._layout_for_update`). Denominators of the loss are the
 counts of the whole mini-batch across all ranks, so the summed gradient is the gradient of
 the unsharded mini-batch's loss (verl's "global batch info").
+
+The policy loss is looked up by name (spec.algorithm.policyLoss) in the registry; nothing here
+knows one loss from another. The tokens that train are `batch.loss_mask`: a sample whose reward
+failed has none, and the rollout correction may have rejected some.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from kuberl.runtime.algorithms.correction import CorrectionConfig, rollout_correction
 from kuberl.runtime.algorithms.kl import kl_penalty
-from kuberl.runtime.algorithms.losses import aggregate_loss, ppo_clip_loss, value_loss
+from kuberl.runtime.algorithms.losses import (
+    PolicyLossConfig,
+    PolicyLossInputs,
+    aggregate_loss,
+    policy_loss,
+    value_loss,
+)
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import ForwardInput, FSDPTrainer, global_sum, micro_batches
 
@@ -26,9 +37,13 @@ class UpdateConfig:
     temperature: float
     aggregation: str
     max_response_length: int
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip_c: float | None = None
+    policy_loss: str = "ppo_clip"
+    loss_config: PolicyLossConfig = PolicyLossConfig()
+    #: Rollout correction computed per micro-batch against the current policy: bypass mode only
+    #: (rollout.useEngineLogprobs), where the old log-probs are the engine's. In decoupled mode the
+    #: controller corrects the whole batch before the update (batch.is_weights, batch.loss_mask).
+    bypass_correction: CorrectionConfig | None = None
+    seed: int = 0  # training.seed: with the optimizer step and micro-batch, seeds the losses' random draws
     kl_in_loss_coef: float = 0.0
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
@@ -76,14 +91,30 @@ class _Totals:
         }
 
 
-def _mini_batch_counts(batch: RolloutBatch, rows: slice, world_size: int) -> tuple[float, float]:
-    tokens = global_sum(batch.response_mask[rows].sum())
-    seqs = float((rows.stop - rows.start) * world_size)
-    return tokens, seqs
+def trained_mask(batch: RolloutBatch, rows: slice) -> torch.Tensor:
+    """(m, R) the tokens of `rows` the actor trains on: batch.loss_mask, or every response token."""
+    return (batch.loss_mask if batch.loss_mask is not None else batch.response_mask)[rows]
+
+
+def critic_mask(batch: RolloutBatch, rows: slice) -> torch.Tensor:
+    """(m, R) the tokens of `rows` the critic regresses: those of samples whose reward succeeded."""
+    mask = batch.response_mask[rows]  # (m, R)
+    return mask if batch.scored is None else mask * batch.scored[rows].float()[:, None]
+
+
+def _mini_batch_counts(mask: torch.Tensor) -> tuple[float, float]:
+    """Tokens and sequences with a token in one mini-batch, summed over all ranks."""
+    return global_sum(mask.sum()), global_sum(mask.bool().any(-1).sum())
+
+
+def loss_seed(cfg: UpdateConfig, trainer: FSDPTrainer, micro_index: int) -> int:
+    """A seed for the losses' random draws from the job's seed, the optimizer step and the micro-batch."""
+    step = trainer.scheduler.last_epoch if trainer.scheduler is not None else 0
+    return (cfg.seed * 1_000_003 + step * 10_007 + micro_index) % (1 << 62)
 
 
 def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) -> dict[str, float]:
-    """PPO-clip update of the actor on this rank's shard; returns metrics averaged over all ranks.
+    """Policy-loss update of the actor on this rank's shard; returns metrics averaged over all ranks.
 
     With `cfg.on_policy` the behaviour log-probs are taken from the forward pass and left in
     `batch.old_logprobs` (this rank's rows, masked) for the caller.
@@ -100,32 +131,34 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
     for _ in range(cfg.ppo_epochs):
         for mini in range(cfg.mini_batches):
             span = slice(mini * mini_rows, (mini + 1) * mini_rows)
-            global_tokens, global_seqs = _mini_batch_counts(batch, span, cfg.world_size)
+            global_tokens, global_seqs = _mini_batch_counts(trained_mask(batch, span))
             share: dict[str, Any] = {
                 "global_tokens": global_tokens,
                 "global_seqs": global_seqs,
                 "max_response_length": cfg.max_response_length,
             }
             shares: dict[str, float] = {"actor/loss": 0.0, "actor/kl_loss": 0.0, "actor/entropy": 0.0}
-            for micro in micro_batches(mini_rows, cfg.micro_batch_size):
+            for index, micro in enumerate(micro_batches(mini_rows, cfg.micro_batch_size)):
                 rows = slice(span.start + micro.start, span.start + micro.stop)
-                mask = batch.response_mask[rows]  # (m, R)
+                mask = trained_mask(batch, rows)  # (m, R)
                 logprobs, entropy = trainer.response_logprobs(
                     fwd, rows, cfg.temperature, with_entropy=cfg.entropy_coef > 0
                 )  # (m, R)
                 if cfg.on_policy:
-                    batch.old_logprobs[rows] = logprobs.detach().to(batch.old_logprobs.device) * mask
-                loss, metrics = ppo_clip_loss(
-                    logprobs,
-                    batch.old_logprobs[rows],
-                    batch.advantages[rows],
-                    mask,
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    dual_clip_c=cfg.dual_clip_c,
-                    aggregation=cfg.aggregation,
-                    **share,
+                    batch.old_logprobs[rows] = (
+                        logprobs.detach().to(batch.old_logprobs.device) * batch.response_mask[rows]
+                    )
+                inputs = PolicyLossInputs(
+                    logprobs=logprobs,
+                    old_logprobs=batch.old_logprobs[rows],
+                    advantages=batch.advantages[rows],
+                    mask=mask,
+                    is_weights=None if batch.is_weights is None else batch.is_weights[rows],
+                    seed=loss_seed(cfg, trainer, index),
                 )
+                if cfg.bypass_correction is not None:
+                    inputs = _bypass_rejection(inputs, cfg.bypass_correction, totals)
+                loss, metrics = policy_loss(cfg.policy_loss, inputs, cfg.loss_config, cfg.aggregation, **share)
                 if cfg.kl_in_loss_coef > 0:
                     assert batch.ref_logprobs is not None
                     kl = kl_penalty(logprobs, batch.ref_logprobs[rows], cfg.kl_estimator)  # (m, R)
@@ -148,6 +181,21 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
     return totals.reduce()
 
 
+def _bypass_rejection(inputs: PolicyLossInputs, config: CorrectionConfig, totals: _Totals) -> PolicyLossInputs:
+    """Bypass mode: reject tokens by pi_theta / pi_engine; a rejected token's loss is 0 (verl's bypass mode).
+
+    The weight compares the current policy with the engine (the old log-probs are the engine's). The
+    token stays in the denominators, which were counted for the whole mini-batch before the update.
+    """
+    correction = rollout_correction(inputs.logprobs, inputs.old_logprobs, inputs.mask, config)
+    tokens = float(inputs.mask.sum())
+    for name, value in correction.metrics.items():
+        totals.mean(f"correction/{name}", float(value), tokens)
+    kept = correction.keep.float()  # (m, R)
+    weights = kept if inputs.is_weights is None else inputs.is_weights * kept  # (m, R)
+    return replace(inputs, is_weights=weights)
+
+
 def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) -> dict[str, float]:
     """Clipped value regression toward the returns; same layout and denominators as the actor."""
     assert batch.values is not None and batch.returns is not None
@@ -158,16 +206,17 @@ def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
     for _ in range(cfg.ppo_epochs):
         for mini in range(cfg.mini_batches):
             span = slice(mini * mini_rows, (mini + 1) * mini_rows)
-            global_tokens, global_seqs = _mini_batch_counts(batch, span, cfg.world_size)
+            global_tokens, global_seqs = _mini_batch_counts(critic_mask(batch, span))
             loss_share = 0.0
             for micro in micro_batches(mini_rows, cfg.micro_batch_size):
                 rows = slice(span.start + micro.start, span.start + micro.stop)
+                mask = critic_mask(batch, rows)  # (m, R)
                 values = trainer._forward_values(fwd, rows)  # (m, R)
                 loss, metrics = value_loss(
                     values,
                     batch.values[rows],
                     batch.returns[rows],
-                    batch.response_mask[rows],
+                    mask,
                     clip=cfg.value_clip,
                     aggregation=cfg.aggregation,
                     global_tokens=global_tokens,
@@ -177,7 +226,7 @@ def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
                 loss.backward()
                 loss_share += float(loss)
                 for name, value in metrics.items():
-                    totals.mean(f"critic/{name}", float(value), float(batch.response_mask[rows].sum()))
+                    totals.mean(f"critic/{name}", float(value), float(mask.sum()))
             step = trainer.optimizer_step()
             totals.share("critic/loss", loss_share)
             totals.same("critic/grad_norm", step["grad_norm"])

@@ -5,7 +5,19 @@ imports every module that registers, so the registries are complete after
 `import kuberl.runtime.algorithms`.
 """
 
-from kuberl.runtime.algorithms import advantages, kl, losses, masked, registry
+from kuberl.runtime.algorithms import (
+    advantages,
+    clipped_surrogates,
+    correction,
+    covariance_losses,
+    group_baselines,
+    kl,
+    losses,
+    masked,
+    registry,
+    reinforce_losses,
+    returns,
+)
 from kuberl.runtime.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
@@ -23,8 +35,14 @@ __all__ = [
     "Registry",
     "UnknownNameError",
     "advantages",
+    "clipped_surrogates",
+    "correction",
+    "covariance_losses",
+    "group_baselines",
     "kl",
     "losses",
     "masked",
     "registry",
+    "reinforce_losses",
+    "returns",
 ]

@@ -1,21 +1,20 @@
-"""Advantage estimators: pure functions from per-token rewards (and values) to advantages and returns.
+"""Advantage estimators: what every estimator reads, and the statistics they share.
 
-Each estimator is registered under its `AdvantageEstimator` name and follows verl's
-`trainer/ppo/core_algos.py`:
+The estimators are pure functions `AdvantageInputs -> (advantages (N, R), returns (N, R))`,
+registered under their `AdvantageEstimator` names, in modules by family:
+- `group_baselines`: each response against the other responses to its prompt (grpo, rloo, opo,
+  gpg, grpo_passk, reinforce_plus_plus_baseline);
+- `returns`: per-token returns, with a critic or a batch statistic as baseline (gae,
+  reinforce_plus_plus, remax).
+Each follows verl's `trainer/ppo/core_algos.py`; its docstring says where it departs.
 
-- gae: Generalised Advantage Estimation (Schulman et al., arXiv 1506.02438) with a critic;
-  advantages whitened over the batch's valid tokens.
-- grpo: DeepSeekMath (arXiv 2402.03300), outcome supervision: each response's score minus its
-  group's mean, divided by the group's (unbiased) std unless `normalize_std` is False (Dr. GRPO,
-  arXiv 2503.20783).
-- rloo: REINFORCE leave-one-out (Ahmadian et al., arXiv 2402.14740).
-- reinforce_plus_plus: REINFORCE++ (arXiv 2501.03262): discounted returns whitened over the batch.
-- reinforce_plus_plus_baseline: group-mean baseline, then whitened over the batch.
-- remax: ReMax (arXiv 2310.10505): the greedy response's score as baseline.
-
-Conventions that differ from the papers, as in verl:
-- A group of one (a prompt whose other responses were filtered out) has baseline 0 (and std 1 for
-  grpo), so its advantage is its raw score: there is nothing to compare it with.
+Conventions every estimator keeps:
+- A sample whose reward failed (`scored` False) gets 0 and counts in no statistic: not in its
+  group's mean and std, not in a batch whitening, not in a return. A group left with one scored
+  member (or none) teaches nothing: its member gets 0. Departure from verl, which has no notion of
+  a failed reward and compares the group with the failed sample's placeholder score.
+- A group of one by design (groupSize 1, or a caller's own batch) has baseline 0 (and std 1), so
+  its advantage is its raw score, as in verl: there is nothing to compare it with.
 - The "score" of a response for the outcome estimators is the sum of its valid token rewards,
   so a per-token KL penalty in the reward counts towards it.
 - Every output is exactly 0 on padding, and what sits in the padding of the inputs is ignored.
@@ -27,9 +26,6 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from kuberl.runtime.algorithms.masked import masked_whiten
-from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
-
 
 @dataclass(frozen=True)
 class AdvantageInputs:
@@ -40,6 +36,7 @@ class AdvantageInputs:
     group_index: Tensor  # (N,) long: equal values answered the same prompt
     values: Tensor | None = None  # (N, R) critic values V(s_t) (gae only)
     baseline_scores: Tensor | None = None  # (N,) score of the greedy response to each sample's prompt (remax only)
+    scored: Tensor | None = None  # (N,) bool: the sample's reward succeeded; None means every one did
     gamma: float = 1.0
     lam: float = 1.0
     normalize_std: bool = True  # grpo: divide by the group std (False = Dr. GRPO)
@@ -54,6 +51,7 @@ class AdvantageInputs:
             "group_index": (self.group_index, (n,)),
             "values": (self.values, (n, r)),
             "baseline_scores": (self.baseline_scores, (n,)),
+            "scored": (self.scored, (n,)),
         }
         for field, (tensor, shape) in expected.items():
             if tensor is not None and tuple(tensor.shape) != shape:
@@ -92,150 +90,57 @@ def estimator_reads(estimator: AdvantageFn) -> frozenset[str]:
     return declared
 
 
+def scored_rows(inputs: AdvantageInputs) -> Tensor:
+    """(N,) bool: the samples whose reward succeeded."""
+    if inputs.scored is None:
+        return torch.ones_like(inputs.group_index, dtype=torch.bool)  # (N,)
+    return inputs.scored.bool()  # (N,)
+
+
+def trained_tokens(inputs: AdvantageInputs) -> Tensor:
+    """(N, R) bool: the valid tokens of the samples whose reward succeeded; every statistic counts these only."""
+    return inputs.response_mask.bool() & scored_rows(inputs)[:, None]  # (N, R)
+
+
 @dataclass(frozen=True)
 class GroupStats:
-    """Per-response statistics of the response's group (every field is (N,))."""
+    """Per-response statistics of the scored members of the response's group (every field is (N,))."""
 
-    size: Tensor  # (N,) members in the response's group
-    total: Tensor  # (N,) sum of the group's scores
-    mean: Tensor  # (N,) group mean; 0 for a group of one
-    std: Tensor  # (N,) unbiased group std; 1 for a group of one
+    size: Tensor  # (N,) scored members in the response's group
+    total: Tensor  # (N,) sum of their scores
+    mean: Tensor  # (N,) their mean; 0 for a group of one
+    std: Tensor  # (N,) their unbiased std; 1 for a group of one
+    learns: Tensor  # (N,) bool: scored, and compared with another scored member (or alone by design)
 
 
 def sequence_scores(inputs: AdvantageInputs) -> Tensor:
-    """Each response's score: the sum of its valid token rewards."""
-    valid = inputs.response_mask.bool()  # (N, R)
-    return torch.where(valid, inputs.token_rewards.float(), 0.0).sum(-1)  # (N,)
+    """Each response's score: the sum of its valid token rewards (0 for a sample whose reward failed)."""
+    return torch.where(trained_tokens(inputs), inputs.token_rewards.float(), 0.0).sum(-1)  # (N,)
 
 
-def group_stats(scores: Tensor, group_index: Tensor) -> GroupStats:
-    """Mean and std of each response's group, gathered back to the responses."""
+def group_stats(scores: Tensor, group_index: Tensor, scored: Tensor | None = None) -> GroupStats:
+    """Mean and std of the scored members of each response's group, gathered back to the responses."""
+    counted = torch.ones_like(scores, dtype=torch.bool) if scored is None else scored.to(scores.device).bool()  # (N,)
     ids, group = torch.unique(group_index, return_inverse=True)  # (G,), (N,) dense group ids 0..G-1
     zeros = scores.new_zeros(ids.numel())  # (G,)
-    size = zeros.index_add(0, group, torch.ones_like(scores))  # (G,)
-    total = zeros.index_add(0, group, scores)  # (G,)
-    mean = (total / size)[group]  # (N,)
-    squares = zeros.index_add(0, group, (scores - mean) ** 2)  # (G,)
+    members = zeros.index_add(0, group, torch.ones_like(scores))[group]  # (N,) scored or not
+    weight = counted.to(scores.dtype)  # (N,)
+    size = zeros.index_add(0, group, weight)  # (G,)
+    total = zeros.index_add(0, group, scores * weight)  # (G,)
+    mean = (total / size.clamp(min=1))[group]  # (N,)
+    squares = zeros.index_add(0, group, (scores - mean) ** 2 * weight)  # (G,)
     std = (squares / (size - 1).clamp(min=1)).sqrt()[group]  # (N,)
     size = size[group]  # (N,)
-    alone = size == 1  # (N,)
+    alone = size <= 1  # (N,)
     return GroupStats(
         size=size,
         total=total[group],  # (N,)
         mean=torch.where(alone, 0.0, mean),  # (N,)
         std=torch.where(alone, 1.0, std),  # (N,)
+        learns=counted & ((size >= 2) | (members == 1)),  # (N,)
     )
 
 
 def broadcast_to_tokens(per_response: Tensor, mask: Tensor) -> Tensor:
     """Give every valid token of a response the response's value; padding gets 0."""
     return torch.where(mask.bool(), per_response[:, None], 0.0)  # (N, R)
-
-
-def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """G_t = r_t + gamma * G_{t+1} within each response.
-
-    As in verl's REINFORCE++, the running return is reset at every masked position, so padding
-    (and, in multi-turn data, a masked span) never carries reward to the tokens before it.
-    """
-    valid = mask.bool()  # (N, R)
-    rewards = torch.where(valid, token_rewards.float(), 0.0)  # (N, R)
-    returns = torch.zeros_like(rewards)  # (N, R)
-    running = torch.zeros_like(rewards[:, 0])  # (N,)
-    for t in reversed(range(rewards.shape[1])):
-        running = torch.where(valid[:, t], rewards[:, t] + gamma * running, 0.0)  # (N,)
-        returns[:, t] = running
-    return returns
-
-
-def reward_to_go(token_rewards: Tensor, mask: Tensor) -> Tensor:
-    """Undiscounted sum of the valid rewards from t to the end of the response; 0 on padding."""
-    valid = mask.bool()  # (N, R)
-    rewards = torch.where(valid, token_rewards.float(), 0.0)  # (N, R)
-    to_go = rewards.flip(-1).cumsum(-1).flip(-1)  # (N, R)
-    return torch.where(valid, to_go, 0.0)  # (N, R)
-
-
-@ADVANTAGE_ESTIMATORS.register("grpo")
-@reads()
-@torch.no_grad()
-def grpo_advantages(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    scores = sequence_scores(inputs)  # (N,)
-    stats = group_stats(scores, inputs.group_index)
-    centred = scores - stats.mean  # (N,)
-    per_response = centred / (stats.std + inputs.eps) if inputs.normalize_std else centred  # (N,)
-    advantages = broadcast_to_tokens(per_response, inputs.response_mask)  # (N, R)
-    return advantages, advantages
-
-
-@ADVANTAGE_ESTIMATORS.register("rloo")
-@reads()
-@torch.no_grad()
-def rloo_advantages(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """s_i minus the mean of the other members of its group; a group of one keeps s_i (verl's choice)."""
-    scores = sequence_scores(inputs)  # (N,)
-    stats = group_stats(scores, inputs.group_index)
-    others_mean = (stats.total - scores) / (stats.size - 1).clamp(min=1)  # (N,)
-    per_response = torch.where(stats.size > 1, scores - others_mean, scores)  # (N,)
-    advantages = broadcast_to_tokens(per_response, inputs.response_mask)  # (N, R)
-    return advantages, advantages
-
-
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
-@reads()
-@torch.no_grad()
-def reinforce_plus_plus_advantages(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    returns = discounted_returns(inputs.token_rewards, inputs.response_mask, inputs.gamma)  # (N, R)
-    advantages = masked_whiten(returns, inputs.response_mask)  # (N, R)
-    return advantages, returns
-
-
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
-@reads()
-@torch.no_grad()
-def reinforce_plus_plus_baseline_advantages(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    scores = sequence_scores(inputs)  # (N,)
-    stats = group_stats(scores, inputs.group_index)
-    centred = broadcast_to_tokens(scores - stats.mean, inputs.response_mask)  # (N, R)
-    advantages = masked_whiten(centred, inputs.response_mask)  # (N, R)
-    return advantages, advantages
-
-
-@ADVANTAGE_ESTIMATORS.register("remax")
-@reads("baseline_scores")
-@torch.no_grad()
-def remax_advantages(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    if inputs.baseline_scores is None:
-        raise ValueError(
-            "the remax advantage estimator needs the greedy baseline: pass AdvantageInputs.baseline_scores "
-            "(the score of each prompt's greedy response)"
-        )
-    returns = reward_to_go(inputs.token_rewards, inputs.response_mask)  # (N, R)
-    baseline = inputs.baseline_scores.float()[:, None]  # (N, 1)
-    advantages = torch.where(inputs.response_mask.bool(), returns - baseline, 0.0)  # (N, R)
-    return advantages, returns
-
-
-@ADVANTAGE_ESTIMATORS.register("gae")
-@reads("values")
-@torch.no_grad()
-def gae_advantages(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """A_t = delta_t + gamma*lam*A_{t+1}, delta_t = r_t + gamma*V_{t+1} - V_t; padding is skipped."""
-    if inputs.values is None:
-        raise ValueError("the gae advantage estimator needs a critic: pass AdvantageInputs.values")
-    valid = inputs.response_mask.bool()  # (N, R)
-    rewards = torch.where(valid, inputs.token_rewards.float(), 0.0)  # (N, R)
-    values = torch.where(valid, inputs.values.float(), 0.0)  # (N, R)
-    raw = torch.zeros_like(rewards)  # (N, R)
-    next_value = torch.zeros_like(rewards[:, 0])  # (N,)
-    next_advantage = torch.zeros_like(rewards[:, 0])  # (N,)
-    for t in reversed(range(rewards.shape[1])):
-        delta = rewards[:, t] + inputs.gamma * next_value - values[:, t]  # (N,)
-        advantage = delta + inputs.gamma * inputs.lam * next_advantage  # (N,)
-        # A padded step passes the next real step's value and advantage through unchanged.
-        next_value = torch.where(valid[:, t], values[:, t], next_value)  # (N,)
-        next_advantage = torch.where(valid[:, t], advantage, next_advantage)  # (N,)
-        raw[:, t] = next_advantage
-    returns = torch.where(valid, raw + values, 0.0)  # (N, R)
-    advantages = masked_whiten(raw, valid)  # (N, R)
-    return advantages, returns

@@ -15,8 +15,14 @@ Modes (T valid tokens, S sequences with at least one valid token, L = max_respon
   Departure from verl, which divides by the padded width R only: Dr. GRPO's reference code divides
   each sequence's sum by the generation budget and averages over sequences, which is S * L.
 
-The PPO clip loss follows verl's `compute_policy_loss` (with dual clip, Ye et al., arXiv 1912.09729);
-the value loss follows its `compute_value_loss`.
+Policy losses are registry entries with one signature, `(PolicyLossInputs, PolicyLossConfig) ->
+(token loss, metrics)`, in modules by family: `clipped_surrogates` (ppo_clip, gspo, geo_mean, sapo),
+`reinforce_losses` (gpg, cispo) and `covariance_losses` (clip_cov, kl_cov). `policy_loss` looks one
+up by spec.algorithm.policyLoss and aggregates it here. Departure from verl, whose gspo, geo_mean and
+sapo aggregate on their own: here the spec's aggregation applies, and a rule keeps gspo and geo_mean
+on seq_mean_token_mean, which is what verl hard-wires for them.
+
+The value loss follows verl's `compute_value_loss`.
 """
 
 from collections.abc import Callable
@@ -42,7 +48,6 @@ class LossNormalizers:
 
 
 AggregationFn = Callable[[Tensor, Tensor, LossNormalizers], Tensor]  # (loss (N, R) 0 on padding, valid (N, R)) -> ()
-PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
 
 def count_tokens_and_sequences(mask: Tensor) -> tuple[int, int]:
@@ -99,51 +104,70 @@ def aggregate_loss(
     return LOSS_AGGREGATIONS.get(mode)(loss, valid, norm)  # ()
 
 
-@POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip_c: float | None,
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """What every policy loss may read: n responses of one micro-batch, R response tokens (right padded)."""
+
+    logprobs: Tensor  # (n, R) log pi_theta of the sampled tokens; carries the gradient
+    old_logprobs: Tensor  # (n, R) log pi_old, the behaviour policy (detached)
+    advantages: Tensor  # (n, R)
+    mask: Tensor  # (n, R) 1 on tokens that train, 0 on padding (and on tokens left out)
+    is_weights: Tensor | None = None  # (n, R) rollout-correction importance weights (detached); None: all 1
+    seed: int = 0  # seeds the draw of losses that pick tokens at random (clip_cov), so a run replays
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """Every loss's knobs (spec.algorithm); a loss reads the ones it has."""
+
+    clip_low: float = 0.2  # clipRatioLow
+    clip_high: float = 0.2  # clipRatioHigh
+    dual_clip_c: float | None = 3.0  # ppo_clip's dualClipC
+    clip_cov_ratio: float = 0.0002  # clipCov.ratio
+    clip_cov_lower: float = 1.0  # clipCov.lowerBound
+    clip_cov_upper: float = 5.0  # clipCov.upperBound
+    kl_cov_ratio: float = 0.0002  # klCov.ratio
+    kl_cov_coef: float = 1.0  # klCov.coef
+    tau_positive: float = 1.0  # sapo.tauPositive
+    tau_negative: float = 1.05  # sapo.tauNegative
+
+
+#: (inputs, config) -> (token loss (n, R), detached metrics). The loss is 0 on padding or is masked by
+#: `policy_loss`, which aggregates it; so every loss is invariant to how the batch is sharded.
+PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossConfig], tuple[Tensor, dict[str, Tensor]]]
+
+
+def log_ratio(inputs: PolicyLossInputs) -> Tensor:
+    """log pi_theta - log pi_old, clamped before exp so one wild token cannot overflow the ratio (as verl does)."""
+    return (inputs.logprobs - inputs.old_logprobs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (n, R)
+
+
+def importance_weighted(token_loss: Tensor, inputs: PolicyLossInputs) -> Tensor:
+    """The token loss times the rollout-correction weights, when there are any (verl: pg_losses * weights)."""
+    return token_loss if inputs.is_weights is None else token_loss * inputs.is_weights  # (n, R)
+
+
+def policy_loss(
+    name: str,
+    inputs: PolicyLossInputs,
+    config: PolicyLossConfig,
     aggregation: str,
+    *,
     global_tokens: float | None = None,
     global_seqs: float | None = None,
     max_response_length: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO's clipped surrogate, -A * clip(ratio), with dual clip bounding negative-advantage tokens by c * |A|.
-
-    Metrics are detached token means over this call's valid tokens.
-    """
-    if dual_clip_c is not None and dual_clip_c <= 1:
-        raise ValueError(f"dual_clip_c must be > 1 (spec.algorithm.dualClipC); got {dual_clip_c}")
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (N, R)
-    ratio = torch.exp(log_ratio)  # (N, R)
-    unclipped = -advantages * ratio  # (N, R)
-    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)  # (N, R)
-    token_loss = torch.maximum(unclipped, clipped)  # (N, R)
-    metrics = {
-        "clip_fraction": masked_mean((clipped > unclipped).float(), mask),  # ()
-        "approx_kl": masked_mean(-log_ratio, mask),  # () k1 of pi_old against pi
-        "ratio_mean": masked_mean(ratio, mask),  # ()
-    }
-    if dual_clip_c is not None:
-        bound = -advantages * dual_clip_c  # (N, R)
-        dual_clipped = (advantages < 0) & (token_loss > bound)  # (N, R)
-        token_loss = torch.where(dual_clipped, bound, token_loss)  # (N, R)
-        metrics["dual_clip_fraction"] = masked_mean(dual_clipped.float(), mask)  # ()
+    """The named policy loss (spec.algorithm.policyLoss), aggregated; its metrics are detached token means."""
+    token_loss, metrics = POLICY_LOSSES.get(name)(inputs, config)  # (n, R)
     loss = aggregate_loss(
         token_loss,
-        mask,
+        inputs.mask,
         aggregation,
         global_tokens=global_tokens,
         global_seqs=global_seqs,
         max_response_length=max_response_length,
     )  # ()
-    return loss, {name: value.detach() for name, value in metrics.items()}
+    return loss, {metric: value.detach() for metric, value in metrics.items()}
 
 
 def value_loss(

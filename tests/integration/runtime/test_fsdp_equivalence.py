@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from kuberl.api.spec import OptimizerSpec
-from kuberl.runtime.algorithms.losses import ppo_clip_loss
+from kuberl.runtime.algorithms.losses import PolicyLossConfig, PolicyLossInputs, policy_loss
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import FSDPTrainer, position_ids
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_policy
@@ -71,9 +71,8 @@ CONFIG = dict(
     temperature=1.0,
     aggregation="seq_mean_token_mean",
     max_response_length=R,
-    clip_low=0.2,
-    clip_high=0.2,
-    dual_clip_c=3.0,
+    policy_loss="ppo_clip",
+    loss_config=PolicyLossConfig(clip_low=0.2, clip_high=0.2, dual_clip_c=3.0),
 )
 
 
@@ -116,17 +115,8 @@ def reference_update() -> dict[str, torch.Tensor]:
         ids = torch.cat([batch.prompt_ids[rows], batch.response_ids[rows]], 1)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, P - 1 : -1]
         logprobs = logits.float().log_softmax(-1).gather(-1, batch.response_ids[rows][..., None]).squeeze(-1)
-        loss, _ = ppo_clip_loss(
-            logprobs,
-            batch.old_logprobs[rows],
-            batch.advantages[rows],
-            batch.response_mask[rows],
-            clip_low=0.2,
-            clip_high=0.2,
-            dual_clip_c=3.0,
-            aggregation=CONFIG["aggregation"],
-            max_response_length=R,
-        )
+        inputs = PolicyLossInputs(logprobs, batch.old_logprobs[rows], batch.advantages[rows], batch.response_mask[rows])
+        loss, _ = policy_loss("ppo_clip", inputs, CONFIG["loss_config"], CONFIG["aggregation"], max_response_length=R)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM.grad_clip)
         optimizer.step()

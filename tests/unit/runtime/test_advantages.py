@@ -7,17 +7,13 @@ import torch
 from torch import Tensor
 from torch.testing import assert_close
 
-from kuberl.runtime.algorithms.advantages import (
-    BASE_READS,
-    AdvantageInputs,
-    estimator_reads,
-    gae_advantages,
+from kuberl.runtime.algorithms.advantages import BASE_READS, AdvantageInputs, estimator_reads
+from kuberl.runtime.algorithms.group_baselines import (
     grpo_advantages,
-    reinforce_plus_plus_advantages,
     reinforce_plus_plus_baseline_advantages,
-    remax_advantages,
     rloo_advantages,
 )
+from kuberl.runtime.algorithms.returns import gae_advantages, reinforce_plus_plus_advantages, remax_advantages
 from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
 
 R = 4
@@ -245,7 +241,10 @@ def test_estimators_declare_the_optional_inputs_they_read() -> None:
     optional = {name: estimator_reads(ADVANTAGE_ESTIMATORS.get(name)) - BASE_READS for name in names}
     assert optional == {
         "gae": {"values"},
+        "gpg": set(),
         "grpo": set(),
+        "grpo_passk": set(),
+        "opo": set(),
         "reinforce_plus_plus": set(),
         "reinforce_plus_plus_baseline": set(),
         "remax": {"baseline_scores"},

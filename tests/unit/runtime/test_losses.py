@@ -8,11 +8,13 @@ from torch import Tensor
 from torch.testing import assert_close
 
 from kuberl.runtime.algorithms.losses import (
+    PolicyLossConfig,
+    PolicyLossInputs,
     aggregate_loss,
     count_tokens_and_sequences,
     entropy_from_logits,
     logprobs_from_logits,
-    ppo_clip_loss,
+    policy_loss,
     value_loss,
 )
 from kuberl.runtime.algorithms.registry import LOSS_AGGREGATIONS, UnknownNameError
@@ -100,16 +102,9 @@ def ppo_one_token(
     """The loss and d loss / d logprob of one token; clip range [0.8, 1.2]."""
     old_logprobs = torch.tensor([[-1.0]])  # (1, 1)
     logprobs = torch.tensor([[-1.0 + math.log(ratio)]], requires_grad=True)  # (1, 1)
-    loss, metrics = ppo_clip_loss(
-        logprobs,
-        old_logprobs,
-        torch.tensor([[advantage]]),
-        torch.ones(1, 1),
-        clip_low=0.2,
-        clip_high=0.2,
-        dual_clip_c=dual_clip_c,
-        aggregation="token_mean",
-    )
+    inputs = PolicyLossInputs(logprobs, old_logprobs, torch.tensor([[advantage]]), torch.ones(1, 1))
+    config = PolicyLossConfig(clip_low=0.2, clip_high=0.2, dual_clip_c=dual_clip_c)
+    loss, metrics = policy_loss("ppo_clip", inputs, config, "token_mean")
     loss.backward()
     assert logprobs.grad is not None
     return loss.detach(), logprobs.grad[0, 0], metrics
@@ -152,9 +147,8 @@ def test_ppo_metrics_are_detached_means_over_valid_tokens() -> None:
     logprobs = torch.tensor([[math.log(1.1), math.log(1.5), 5.0, 30.0]], requires_grad=True)  # (1, 4)
     advantages = torch.tensor([[2.0, 1.0, -0.5, 7.0]])  # (1, 4)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # (1, 4)
-    loss, metrics = ppo_clip_loss(
-        logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_high=0.2, dual_clip_c=3.0, aggregation="token_mean"
-    )
+    inputs = PolicyLossInputs(logprobs, old_logprobs, advantages, mask)
+    loss, metrics = policy_loss("ppo_clip", inputs, PolicyLossConfig(dual_clip_c=3.0), "token_mean")
     loss.backward()
     assert logprobs.grad is not None
     # (-2.2 - 1.2 + 1.5) / 3 ; only the inside token has a gradient (-2.2), padding none
