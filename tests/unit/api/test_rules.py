@@ -110,6 +110,78 @@ BROKEN = [
         "spec.rollout.useEngineLogprobs",
         "greedy",
     ),
+    (
+        "opo with one sample",
+        {"algorithm.advantageEstimator": "opo", "algorithm.groupSize": 1},
+        "spec.algorithm.groupSize",
+        ">= 2",
+    ),
+    (
+        "gspo weighing responses by length",
+        {"algorithm.policyLoss": "gspo", "algorithm.lossAggregation": "token_mean"},
+        "spec.algorithm.lossAggregation",
+        "one ratio per response",
+    ),
+    (
+        "geo_mean with a token sum",
+        {"algorithm.policyLoss": "geo_mean", "algorithm.lossAggregation": "seq_mean_token_sum"},
+        "spec.algorithm.lossAggregation",
+        "seq_mean_token_mean",
+    ),
+    (
+        "sapo knobs on another loss",
+        {"algorithm.sapo": {"tauPositive": 2.0}},
+        "spec.algorithm.sapo",
+        "policyLoss sapo, but policyLoss is ppo_clip",
+    ),
+    (
+        "clipCov knobs on cispo",
+        {"algorithm.name": "cispo", "algorithm.clipCov": {}},
+        "spec.algorithm.clipCov",
+        "clip_cov",
+    ),
+    (
+        "clipCov bounds the wrong way round",
+        {"algorithm.policyLoss": "clip_cov", "algorithm.clipCov": {"lowerBound": 5, "upperBound": 1}},
+        "spec.algorithm.clipCov",
+        "below upperBound",
+    ),
+    (
+        "dynamic sampling of single responses",
+        {"algorithm.name": "dapo", "algorithm.advantageEstimator": "reinforce_plus_plus", "algorithm.groupSize": 1},
+        "spec.algorithm.dynamicSampling",
+        "groupSize >= 2",
+    ),
+    (
+        "rollout correction that corrects nothing",
+        {"algorithm.rolloutCorrection": {"isThreshold": 3}},
+        "spec.algorithm.rolloutCorrection",
+        "neither importanceSampling nor rejection",
+    ),
+    (
+        "truncated weights in bypass mode",
+        {"algorithm.rolloutCorrection": {"importanceSampling": "token"}, "rollout.useEngineLogprobs": True},
+        "spec.algorithm.rolloutCorrection.importanceSampling",
+        "twice",
+    ),
+    (
+        "rollout correction of greedy decoding",
+        {"algorithm.rolloutCorrection": {"rejection": "token"}, "rollout.temperature": 0},
+        "spec.algorithm.rolloutCorrection",
+        "greedy",
+    ),
+    (
+        "overlong buffer as long as the budget",
+        {"reward.overlongPenalty": {"bufferLength": 64}, "rollout.maxNewTokens": 64},
+        "spec.reward.overlongPenalty.bufferLength",
+        "shorter than rollout.maxNewTokens",
+    ),
+    (
+        "validation schedule without prompts",
+        {"training.validationEverySteps": 5},
+        "spec.training.validationEverySteps",
+        "set data.validation",
+    ),
 ]
 
 
@@ -133,6 +205,24 @@ VALID = [
     ("mini-batch divisor", {"algorithm.miniBatchSize": 4}),
     ("pvc with a path inside it", {"checkpoint.pvcClaimName": "ckpt", "checkpoint.uri": "/checkpoints/run1"}),
     ("only preemption saves", {"checkpoint.intervalSteps": None}),
+    ("gspo on its own aggregation", {"algorithm.policyLoss": "gspo"}),
+    ("sapo knobs on sapo", {"algorithm.policyLoss": "sapo", "algorithm.sapo": {"tauPositive": 2.0}}),
+    ("sapo with a token mean", {"algorithm.policyLoss": "sapo", "algorithm.lossAggregation": "token_mean"}),
+    (
+        "dapo without dynamic sampling, one sample",
+        {
+            "algorithm.name": "dapo",
+            "algorithm.advantageEstimator": "reinforce_plus_plus",
+            "algorithm.groupSize": 1,
+            "algorithm.dynamicSampling": {"enabled": False},
+        },
+    ),
+    (
+        "rejection in bypass mode",
+        {"algorithm.rolloutCorrection": {"rejection": "geometric"}, "rollout.useEngineLogprobs": True},
+    ),
+    ("validation with prompts", {"training.validationEverySteps": 5, "data.validation": "/v.jsonl"}),
+    ("overlong buffer inside the budget", {"reward.overlongPenalty": {"bufferLength": 63}, "rollout.maxNewTokens": 64}),
 ]
 
 

@@ -1,0 +1,182 @@
+"""verl's reference formulas (trainer/ppo/core_algos.py), written out plainly for the comparison tests.
+
+Each function restates one of verl's estimators or losses in its own shape: per-group Python loops
+over dicts for the estimators, its token-mean / seq-mean-token-mean aggregation for the losses, the
+whole batch at once. They are the yardstick kuberl's vectorised, sharding-invariant versions are held
+to on random inputs. Written from verl's source as read with the search tool; no kuberl code is used.
+"""
+
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    return (x * mask).sum() / mask.sum()
+
+
+def agg(loss: Tensor, mask: Tensor, mode: str) -> Tensor:
+    """verl's agg_loss for the two modes the comparisons use."""
+    if mode == "token-mean":
+        return masked_mean(loss, mask)
+    if mode == "seq-mean-token-mean":
+        return ((loss * mask).sum(-1) / mask.sum(-1)).mean()
+    raise ValueError(mode)
+
+
+# ---------------------------------------------------------------- estimators (outcome, group-wise)
+
+
+def _groups(index: list[int]) -> dict[int, list[int]]:
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, group in enumerate(index):
+        members[group].append(i)
+    return members
+
+
+def grpo(token_rewards: Tensor, mask: Tensor, index: list[int], eps: float = 1e-6, norm: bool = True) -> Tensor:
+    scores = token_rewards.sum(-1).clone()
+    out = scores.clone()
+    for members in _groups(index).values():
+        group = scores[members]
+        mean, std = (torch.tensor(0.0), torch.tensor(1.0)) if len(members) == 1 else (group.mean(), group.std())
+        for i in members:
+            out[i] = (scores[i] - mean) / (std + eps) if norm else scores[i] - mean
+    return out[:, None] * mask
+
+
+def opo(token_rewards: Tensor, mask: Tensor, index: list[int]) -> Tensor:
+    lengths = mask.sum(-1)
+    scores = token_rewards.sum(-1).clone()
+    out = scores.clone()
+    for members in _groups(index).values():
+        baseline = (
+            torch.tensor(0.0)
+            if len(members) == 1
+            else (lengths[members] * scores[members]).sum() / lengths[members].sum()
+        )
+        for i in members:
+            out[i] = scores[i] - baseline
+    return out[:, None] * mask
+
+
+def gpg(token_rewards: Tensor, mask: Tensor, index: list[int]) -> Tensor:
+    scores = token_rewards.sum(-1).clone()
+    alpha = len(scores) / torch.count_nonzero(scores).clamp(min=1)
+    out = scores.clone()
+    for members in _groups(index).values():
+        mean = torch.tensor(0.0) if len(members) == 1 else scores[members].mean()
+        for i in members:
+            out[i] = alpha * (scores[i] - mean) / 1.0  # f_norm = 1
+    return out[:, None] * mask
+
+
+def grpo_passk(token_rewards: Tensor, mask: Tensor, index: list[int], eps: float = 1e-6, norm: bool = True) -> Tensor:
+    scores = token_rewards.sum(-1)
+    out = torch.zeros_like(scores)
+    for members in _groups(index).values():
+        group = scores[members]
+        top, top_index = torch.topk(group, 2)
+        advantage = top[0] - top[1]
+        if norm:
+            advantage = advantage / (group.std() + eps)
+        out[members[int(top_index[0])]] = advantage
+    return out[:, None] * mask
+
+
+# ---------------------------------------------------------------- policy losses
+
+
+def vanilla(
+    old: Tensor, new: Tensor, adv: Tensor, mask: Tensor, low: float, high: float, c: float, mode: str
+) -> Tensor:
+    ratio = torch.exp(torch.clamp(new - old, -20.0, 20.0))
+    losses1 = -adv * ratio
+    losses2 = -adv * torch.clamp(ratio, 1 - low, 1 + high)
+    clip1 = torch.maximum(losses1, losses2)
+    clip2 = torch.min(-adv * c, clip1)
+    return agg(torch.where(adv < 0, clip2, clip1), mask, mode)
+
+
+def gspo(old: Tensor, new: Tensor, adv: Tensor, mask: Tensor, low: float, high: float) -> Tensor:
+    negative_approx_kl = new - old
+    seq_kl = torch.sum(negative_approx_kl * mask, dim=-1) / torch.sum(mask, dim=-1).clamp(min=1)
+    log_ratio = new - new.detach() + seq_kl.detach().unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(log_ratio, max=10.0))
+    losses = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - low, 1 + high))
+    return agg(losses, mask, "seq-mean-token-mean")
+
+
+def cispo(old: Tensor, new: Tensor, adv: Tensor, mask: Tensor, low: float, high: float, mode: str) -> Tensor:
+    ratio = torch.exp(torch.clamp(new - old, -20.0, 20.0))
+    clipped = torch.clamp(ratio, 1 - low, 1 + high).detach()
+    return agg(-clipped * adv * new, mask, mode)
+
+
+def gpg_loss(old: Tensor, new: Tensor, adv: Tensor, mask: Tensor, mode: str) -> Tensor:
+    return agg(-new * adv, mask, mode)
+
+
+def geo_mean(old: Tensor, new: Tensor, adv: Tensor, mask: Tensor, low: float, high: float) -> Tensor:
+    negative_approx_kl = new - old
+    sign = torch.sign(adv)
+    clamped = torch.clamp(negative_approx_kl, -low, high)
+    kl_min = sign * torch.min(sign * negative_approx_kl, sign * clamped)
+    lengths = mask.sum(-1)
+    ratio = torch.exp((kl_min * mask).sum(-1) / (lengths + 1e-8))
+    advantage = (adv * mask).sum(-1) / (lengths + 1e-8)
+    return torch.mean(-advantage * ratio)
+
+
+def sapo(old: Tensor, new: Tensor, adv: Tensor, mask: Tensor, tau_pos: float, tau_neg: float) -> Tensor:
+    ratio = torch.exp(torch.clamp(new - old, -20.0, 20.0))
+    taus = torch.where(adv > 0, torch.tensor(tau_pos), torch.tensor(tau_neg))
+    gates = torch.sigmoid(taus * (ratio - 1.0)) * (4.0 / taus)
+    return agg(-gates * adv, mask, "seq-mean-token-mean")
+
+
+def kl_cov(old: Tensor, new: Tensor, adv: Tensor, mask: Tensor, ratio_k: float, coef: float, mode: str) -> Tensor:
+    negative_approx_kl = new - old
+    ratio = torch.exp(negative_approx_kl)
+    losses = -adv * ratio
+    losses_kl = -adv * ratio + coef * negative_approx_kl.abs()
+    valid = mask > 0
+    valid_index = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
+    valid_adv = adv[valid].detach().reshape(-1)
+    valid_logp = new[valid].detach().reshape(-1)
+    cov = (valid_adv - valid_adv.mean()) * (valid_logp - valid_logp.mean())
+    top = valid_index[torch.topk(cov, max(1, int(len(cov) * ratio_k)), largest=True).indices]
+    rows, cols = top // adv.shape[1], top % adv.shape[1]
+    losses = losses.clone()
+    losses[rows, cols] = losses_kl[rows, cols]
+    return agg(losses, mask, mode)
+
+
+def clip_cov(
+    old: Tensor,
+    new: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    low: float,
+    high: float,
+    ratio_k: float,
+    lower: float,
+    upper: float,
+    mode: str,
+    generator: torch.Generator,
+) -> Tensor:
+    ratio = torch.exp(new - old)
+    losses1 = -adv * ratio
+    losses2 = -adv * torch.clamp(ratio, 1 - low, 1 + high)
+    clip_by_origin = (losses2 > losses1) & (mask > 0)
+    cov = (adv - masked_mean(adv, mask)) * (new.detach() - masked_mean(new.detach(), mask))
+    cov[mask == 0] = -torch.inf
+    cov[clip_by_origin] = -torch.inf
+    clip_num = max(int(ratio_k * mask.sum().item()), 1)
+    candidates = torch.nonzero((cov < upper) & (cov > lower) & (mask > 0))
+    corr = torch.ones_like(adv)
+    if len(candidates) > 0:
+        candidates = candidates[torch.randperm(len(candidates), generator=generator)[: min(clip_num, len(candidates))]]
+        corr[candidates[:, 0], candidates[:, 1]] = 0
+    return agg(torch.maximum(losses1, losses2) * corr, mask, mode)
