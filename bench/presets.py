@@ -81,7 +81,9 @@ def main() -> int:
     finally:
         ray.shutdown()
     print(f"{steps} steps each on the demo task (tiny://demo, hf engine, 2 actor ranks)")
-    print("| preset | estimator | loss | aggregation | responses/step | reward start | end | score start | end | rose | s |")
+    header = ["preset", "estimator", "loss", "aggregation", "responses/step"]
+    header += ["reward start", "end", "score start", "end", "rose", "s"]
+    print("| " + " | ".join(header) + " |")
     print("|---|---|---|---|---:|---:|---:|---:|---:|---|---:|")
     for preset, job, start, end, start_score, end_score, responses, wall in rows:
         algorithm = job.spec.algorithm

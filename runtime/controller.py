@@ -146,8 +146,9 @@ class Controller:
             results = timed("reward", self.score, batch, round_prompts, step, round_index)
             return batch, self.filter_values(batch, results)
 
+        sampling_metrics: dict[str, float] = {}
         if self.sampler is None:
-            generated, sampling_metrics = generate_and_score(prompts, 0)[0], {}
+            generated = generate_and_score(prompts, 0)[0]
             batch: RolloutBatch | None = generated
         else:
             generated, batch, sampling_metrics = self.sampler.collect(prompts, step, generate_and_score)

@@ -13,8 +13,8 @@ from kuberl.runtime.algorithms.group_baselines import (
     reinforce_plus_plus_baseline_advantages,
     rloo_advantages,
 )
-from kuberl.runtime.algorithms.returns import gae_advantages, reinforce_plus_plus_advantages, remax_advantages
 from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
+from kuberl.runtime.algorithms.returns import gae_advantages, reinforce_plus_plus_advantages, remax_advantages
 
 R = 4
 

@@ -359,6 +359,19 @@ def test_publish_without_a_checkpoint_leaves_last_checkpoint_out(api_server: Rec
     assert api_server.requests[0]["body"]["status"] == {"progress": {"step": 3, "epoch": 0}, "metrics": {}}
 
 
+def test_the_latest_validation_goes_with_every_apply_after_it(api_server: RecordingApiServer, tmp_path: Path):
+    # server-side apply removes a field its manager stops sending: the scores must ride along until replaced
+    scores = {"step": 2, "samples": 4, "greedyMean": 0.5, "meanAtK": 0.25, "passAtK": 1.0, "majAtK": 0.5}
+    publisher = publisher_for(api_server, tmp_path, min_interval=0.0)
+    for step, validation in ((1, None), (2, scores), (3, None)):
+        publisher.publish({"step": step}, {}, None, validation)
+        assert api_server.arrived.wait(5.0)
+        api_server.arrived.clear()
+    publisher.close()
+    sent = [r["body"]["status"].get("validation") for r in api_server.requests]
+    assert sent == [None, scores, scores]
+
+
 def test_publishing_faster_than_the_interval_sends_only_the_newest(api_server: RecordingApiServer, tmp_path: Path):
     publisher = publisher_for(api_server, tmp_path, min_interval=60.0)
     publisher.publish({"step": 1}, {}, None)

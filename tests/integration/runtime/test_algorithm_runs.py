@@ -1,0 +1,51 @@
+"""DAPO in full on the embedded default: dynamic sampling, the overlong penalty, failing rewards, validation.
+
+The per-preset learning check (each preset 20 steps, reward rises) is bench/presets.py; this run
+checks the wiring of everything a step can now do, on real Ray, FSDP2 over gloo and the tiny model.
+"""
+
+import json
+
+import pytest
+
+from kuberl.runtime.main import run_job
+from tests.integration.runtime.jobs import demo_base_dir, demo_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+VALIDATION = demo_base_dir().parent / "tests" / "integration" / "runtime" / "data" / "tiny-validation.jsonl"
+
+
+def test_dapo_with_failing_rewards_trains_informative_groups_and_validates(ray_session, tmp_path):
+    job = demo_job(
+        **{
+            "algorithm": {"name": "dapo", "groupSize": 4},
+            "reward.function": "tests.integration.runtime.algorithm_rewards:flaky_tiny_task",
+            "data.batchSize": 4,
+            "data.validation": str(VALIDATION),
+            "training.totalSteps": 4,
+            "training.validationEverySteps": 2,
+        }
+    )
+    assert job.spec.reward.overlong_penalty.buffer_length == 2  # a fifth of maxNewTokens 12
+    run = run_job(job, tmp_path, demo_base_dir(), progress=False)
+    history = run.history
+    assert [record["step"] for record in history] == [1, 2, 3, 4]
+    for record in history:
+        # dynamic sampling: no more groups train than were found informative, and never more than the batch
+        trained = record["dynamic_sampling/groups_trained"]
+        assert trained <= record["dynamic_sampling/groups_informative"] and trained <= 4
+        assert 1 <= record["dynamic_sampling/rounds"] <= 8
+        assert ("actor/loss" in record) == (trained > 0)
+        # the overlong penalty shows in the reward metrics: most random responses run to the budget
+        assert record["reward/overlong_penalty_mean"] <= 0 and 0 <= record["reward/overlong_fraction"] <= 1
+    assert sum(record["reward/failed"] for record in history) > 0  # the flaky reward did fail, and the run went on
+    assert any(record["reward/overlong_fraction"] > 0 for record in history)
+    # validation after steps 2 and 4, greedy and 4 samples per prompt; a graded reward: no pass@k / maj@k
+    validated = [record["step"] for record in history if "val/greedy_mean" in record]
+    assert validated == [2, 4]
+    last = history[-1]
+    assert last["val/samples"] == 4 and 0 <= last["val/mean@4"] <= 1 and "val/pass@4" not in last
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [("val/mean@4" in line) for line in lines] == [False, True, False, True]
+    assert any((tmp_path / "tensorboard").iterdir()) and (tmp_path / "training.png").stat().st_size > 10_000
