@@ -26,14 +26,14 @@ from kuberl.runtime.algorithm_settings import correction_config, policy_loss_con
 from kuberl.runtime.algorithms.advantages import AdvantageInputs, estimator_reads
 from kuberl.runtime.algorithms.correction import rollout_correction
 from kuberl.runtime.algorithms.kl import kl_penalty
-from kuberl.runtime.algorithms.masked import masked_mean
 from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
 from kuberl.runtime.algorithms.shaping import overlong_penalty
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.data import Prompt
-from kuberl.runtime.dynamic_sampling import DynamicSampler
+from kuberl.runtime.dynamic_sampling import DynamicSampler, filter_values
 from kuberl.runtime.engines.base import Generation, SamplingParams
-from kuberl.runtime.plan import RunConfigError, RunPlan
+from kuberl.runtime.plan import RunPlan
+from kuberl.runtime.step_metrics import reward_metrics, trained_batch_metrics
 from kuberl.runtime.updates import UpdateConfig, token_rewards_from_scores
 from kuberl.runtime.validation import Scored, validation_metrics
 from kuberl.runtime.workers.group import WorkerGroup
@@ -85,9 +85,8 @@ class Controller:
         self.estimator = ADVANTAGE_ESTIMATORS.get(str(spec.algorithm.advantage_estimator))
         self.needs_baseline = "baseline_scores" in estimator_reads(self.estimator)
         self.correction = correction_config(spec)
-        self.overlong = spec.reward.overlong_penalty if spec.reward.overlong_penalty is not None else None
-        if self.overlong is not None and not self.overlong.enabled:
-            self.overlong = None
+        penalty = spec.reward.overlong_penalty
+        self.overlong = penalty if penalty is not None and penalty.enabled else None
         sampling = spec.algorithm.dynamic_sampling
         self.sampler = None
         if sampling is not None and sampling.enabled:
@@ -144,7 +143,8 @@ class Controller:
         def generate_and_score(round_prompts: list[Prompt], round_index: int) -> tuple[RolloutBatch, torch.Tensor]:
             batch = timed("rollout", self.rollout, round_prompts, step, round_index)
             results = timed("reward", self.score, batch, round_prompts, step, round_index)
-            return batch, self.filter_values(batch, results)
+            metric = self.algo.dynamic_sampling.metric if self.algo.dynamic_sampling is not None else "score"
+            return batch, filter_values(metric, batch, results)
 
         sampling_metrics: dict[str, float] = {}
         if self.sampler is None:
@@ -152,7 +152,7 @@ class Controller:
             batch: RolloutBatch | None = generated
         else:
             generated, batch, sampling_metrics = self.sampler.collect(prompts, step, generate_and_score)
-        metrics = {**self.reward_metrics(generated), **sampling_metrics}
+        metrics = {**reward_metrics(generated, self.spec.rollout.max_new_tokens, self.overlong), **sampling_metrics}
         if batch is not None:  # dynamic sampling may find nothing worth training on
             timed("reference", self.reference_logprobs, batch)
             timed("old_logprobs", self.old_logprobs, batch)
@@ -161,7 +161,7 @@ class Controller:
             timed("advantages", self.advantages, batch)
             metrics.update(timed("update", self.update, batch))
             metrics.update(timed("sync", self.sync, batch, step + 1))
-            metrics.update(self.batch_metrics(batch))
+            metrics.update(trained_batch_metrics(batch, engine_is_behaviour=self.spec.rollout.use_engine_logprobs))
         metrics.update(timings)
         metrics.update(self.groups.reward.metrics())
         metrics["time/step"] = sum(timings.values())
@@ -263,29 +263,6 @@ class Controller:
             scored &= torch.tensor([r.error is None for r in base]).repeat_interleave(self.group_size)  # (N,)
         batch.scores, batch.scored = scores, scored
         return results
-
-    def filter_values(self, batch: RolloutBatch, results: list[Any]) -> torch.Tensor:
-        """(N,) what dynamic sampling compares within a group (spec.algorithm.dynamicSampling.metric)."""
-        sampling = self.algo.dynamic_sampling
-        metric = sampling.metric if sampling is not None else "score"
-        if metric == "reward":
-            assert batch.scores is not None
-            return batch.scores
-        if metric == "score":
-            return torch.tensor([r.score for r in results], dtype=torch.float32)
-        values = []
-        for row, result in enumerate(results):
-            if result.error is not None:
-                values.append(0.0)  # not scored: not compared
-            elif metric not in result.metrics:
-                returned = ", ".join(sorted(result.metrics)) or "only a score"
-                raise RunConfigError(
-                    f"spec.algorithm.dynamicSampling.metric {metric!r}: the reward returned no such metric for "
-                    f"response {row} (it returned {returned}); use score, reward or one of those"
-                )
-            else:
-                values.append(result.metrics[metric])
-        return torch.tensor(values, dtype=torch.float32)
 
     def _forward(self, role: str, batch: RolloutBatch) -> torch.Tensor:
         group = self.groups.host(role)
@@ -442,47 +419,3 @@ class Controller:
         greedy = scored(self._generate(prompts, step, greedy=True, stream=VALIDATION_STREAM))
         sampled = scored(self._generate(prompts, step, stream=VALIDATION_STREAM))
         return validation_metrics([responses[0] for responses in greedy], sampled)
-
-    # -- metrics ------------------------------------------------------------------------------------
-    def reward_metrics(self, generated: RolloutBatch) -> dict[str, float]:
-        """Rewards and lengths of every response generated this step (over all dynamic-sampling rounds)."""
-        assert generated.scores is not None and generated.scored is not None
-        scored = generated.scored  # (N,)
-        scores = generated.scores[scored]  # (n,) what the estimator sees, overlong penalty included
-        lengths = generated.response_lengths  # (N,)
-        metrics = {
-            "reward/mean": float(scores.mean()) if len(scores) else 0.0,
-            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-            "reward/failed": float((~scored).sum()),
-            "response/length_mean": float(lengths.mean()),
-            "response/clip_fraction": float((lengths >= self.spec.rollout.max_new_tokens).float().mean()),
-            "rollout/tokens": float(generated.response_mask.sum()),
-        }
-        if self.overlong is not None and len(scores):
-            assert self.overlong.buffer_length is not None
-            penalty = overlong_penalty(
-                lengths[scored],
-                self.spec.rollout.max_new_tokens,
-                self.overlong.buffer_length,
-                self.overlong.penalty_factor,
-            )  # (n,)
-            metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
-            metrics["reward/overlong_fraction"] = float((penalty < 0).float().mean())
-        return metrics
-
-    def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        """Of the batch that trained."""
-        mask = batch.response_mask
-        metrics: dict[str, float] = {}
-        if batch.ref_logprobs is not None and batch.old_logprobs is not None:
-            metrics["kl/mean"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, mask))
-        if (
-            batch.engine_logprobs is not None
-            and batch.old_logprobs is not None
-            and not self.spec.rollout.use_engine_logprobs
-        ):
-            diff = (batch.engine_logprobs - batch.old_logprobs).abs() * mask
-            metrics["rollout/logprob_diff_max"] = float(diff.max())
-        if batch.advantages is not None:
-            metrics["advantage/mean"] = float(masked_mean(batch.advantages, mask))
-        return metrics

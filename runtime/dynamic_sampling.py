@@ -18,6 +18,7 @@ Follows verl's DAPO trainer (recipe/dapo: filter_groups with metric and max_num_
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -98,6 +99,29 @@ def renumber_groups(batches: list[RolloutBatch]) -> RolloutBatch:
         parts.append(replace(batch, group_index=dense + offset))
         offset += int(dense.max()) + 1 if dense.numel() else 0
     return RolloutBatch.concat(parts)
+
+
+def filter_values(metric: str, batch: RolloutBatch, results: list[Any]) -> Tensor:
+    """(N,) what dynamic sampling compares within a group (spec.algorithm.dynamicSampling.metric): the reward
+    function's score, the reward after shaping (batch.scores), or a metric the reward function returns."""
+    if metric == "reward":
+        assert batch.scores is not None
+        return batch.scores
+    if metric == "score":
+        return torch.tensor([r.score for r in results], dtype=torch.float32)
+    values = []
+    for row, result in enumerate(results):
+        if result.error is not None:
+            values.append(0.0)  # not scored: never compared (informative_groups skips it)
+        elif metric not in result.metrics:
+            returned = ", ".join(sorted(result.metrics)) or "only a score"
+            raise RunConfigError(
+                f"spec.algorithm.dynamicSampling.metric {metric!r}: the reward returned no such metric for "
+                f"response {row} (it returned {returned}); use score, reward or one of those"
+            )
+        else:
+            values.append(result.metrics[metric])
+    return torch.tensor(values, dtype=torch.float32)
 
 
 class DynamicSampler:

@@ -170,7 +170,7 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
                     loss = loss - cfg.entropy_coef * entropy_term
                     shares["actor/entropy"] += float(entropy_term)
                 loss.backward()
-                shares["actor/loss"] += float(loss)
+                shares["actor/loss"] += float(loss.detach())
                 for name, metric in metrics.items():
                     totals.mean(f"actor/{name}", float(metric), float(mask.sum()))
             step = trainer.optimizer_step()

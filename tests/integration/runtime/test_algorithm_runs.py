@@ -1,4 +1,5 @@
-"""DAPO in full on the embedded default: dynamic sampling, the overlong penalty, failing rewards, validation.
+"""DAPO in full on the embedded default: dynamic sampling, the overlong penalty, failing rewards, the rollout
+correction, validation.
 
 The per-preset learning check (each preset 20 steps, reward rises) is bench/presets.py; this run
 checks the wiring of everything a step can now do, on real Ray, FSDP2 over gloo and the tiny model.
@@ -17,9 +18,10 @@ VALIDATION = demo_base_dir().parent / "tests" / "integration" / "runtime" / "dat
 
 
 def test_dapo_with_failing_rewards_trains_informative_groups_and_validates(ray_session, tmp_path):
+    correction = {"importanceSampling": "token", "rejection": "token", "rejectionThresholdHigh": 2.0}
     job = demo_job(
         **{
-            "algorithm": {"name": "dapo", "groupSize": 4},
+            "algorithm": {"name": "dapo", "groupSize": 4, "rolloutCorrection": correction},
             "reward.function": "tests.integration.runtime.algorithm_rewards:flaky_tiny_task",
             "data.batchSize": 4,
             "data.validation": str(VALIDATION),
@@ -37,6 +39,12 @@ def test_dapo_with_failing_rewards_trains_informative_groups_and_validates(ray_s
         assert trained <= record["dynamic_sampling/groups_informative"] and trained <= 4
         assert 1 <= record["dynamic_sampling/rounds"] <= 8
         assert ("actor/loss" in record) == (trained > 0)
+        if trained:
+            # decoupled correction: the trainer recomputes log pi_old (its own pass), weighs it against the
+            # engine's; the hf engine runs the trainer's fp32 weights, so the two agree and nothing is cut
+            assert record["time/old_logprobs"] > 0
+            assert record["correction/log_weight_abs_mean"] < 1e-3
+            assert record["correction/is_truncated_fraction"] == 0 and record["correction/rejected_fraction"] == 0
         # the overlong penalty shows in the reward metrics: most random responses run to the budget
         assert record["reward/overlong_penalty_mean"] <= 0 and 0 <= record["reward/overlong_fraction"] <= 1
     assert sum(record["reward/failed"] for record in history) > 0  # the flaky reward did fail, and the run went on

@@ -1,0 +1,51 @@
+"""The metrics of a step's batches: what was generated (rewards, lengths) and what trained (KL, advantages).
+
+Pure functions of the batches; the names are the ones metrics.jsonl, TensorBoard and the status read.
+"""
+
+from kuberl.api.spec import OverlongPenaltySpec
+from kuberl.runtime.algorithms.masked import masked_mean
+from kuberl.runtime.algorithms.shaping import overlong_penalty
+from kuberl.runtime.batch import RolloutBatch
+
+
+def reward_metrics(
+    generated: RolloutBatch, max_new_tokens: int, overlong: OverlongPenaltySpec | None
+) -> dict[str, float]:
+    """Rewards and lengths of every response generated in a step (over all dynamic-sampling rounds).
+
+    reward/mean and reward/std count only samples whose reward succeeded, and include any overlong
+    penalty (they are what the advantages see); reward/overlong_penalty_mean shows the penalty's part.
+    """
+    assert generated.scores is not None and generated.scored is not None
+    scored = generated.scored  # (N,)
+    scores = generated.scores[scored]  # (n,)
+    lengths = generated.response_lengths  # (N,)
+    metrics = {
+        "reward/mean": float(scores.mean()) if len(scores) else 0.0,
+        "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+        "reward/failed": float((~scored).sum()),
+        "response/length_mean": float(lengths.mean()),
+        "response/clip_fraction": float((lengths >= max_new_tokens).float().mean()),
+        "rollout/tokens": float(generated.response_mask.sum()),
+    }
+    if overlong is not None and len(scores):
+        assert overlong.buffer_length is not None  # the API fills it
+        penalty = overlong_penalty(lengths[scored], max_new_tokens, overlong.buffer_length, overlong.penalty_factor)
+        metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+        metrics["reward/overlong_fraction"] = float((penalty < 0).float().mean())
+    return metrics
+
+
+def trained_batch_metrics(batch: RolloutBatch, engine_is_behaviour: bool) -> dict[str, float]:
+    """Of the batch that trained: KL to the reference, the engine-trainer log-prob gap, the mean advantage."""
+    mask = batch.response_mask
+    metrics: dict[str, float] = {}
+    if batch.ref_logprobs is not None and batch.old_logprobs is not None:
+        metrics["kl/mean"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, mask))
+    if batch.engine_logprobs is not None and batch.old_logprobs is not None and not engine_is_behaviour:
+        diff = (batch.engine_logprobs - batch.old_logprobs).abs() * mask
+        metrics["rollout/logprob_diff_max"] = float(diff.max())
+    if batch.advantages is not None:
+        metrics["advantage/mean"] = float(masked_mean(batch.advantages, mask))
+    return metrics
