@@ -222,13 +222,19 @@ class AlgorithmSpec(KuberlModel):
         "is bounded by c * |A|. null turns dual clip off.",
     )
     clip_cov: ClipCovSpec | None = Field(
-        None, description="policyLoss clip_cov: its knobs. Default with clip_cov: ratio 2e-4, bounds 1 and 5."
+        None,
+        description="policyLoss clip_cov (Clip-Cov, Cui et al., arXiv 2505.22617): which tokens lose their gradient. "
+        "Only with policyLoss clip_cov; default then: ratio 2e-4, bounds 1 and 5.",
     )
     kl_cov: KLCovSpec | None = Field(
-        None, description="policyLoss kl_cov: its knobs. Default with kl_cov: ratio 2e-4, coef 1."
+        None,
+        description="policyLoss kl_cov (KL-Cov, Cui et al., arXiv 2505.22617): which tokens get a KL penalty. "
+        "Only with policyLoss kl_cov; default then: ratio 2e-4, coef 1.",
     )
     sapo: SAPOSpec | None = Field(
-        None, description="policyLoss sapo: the soft gate's temperatures. Default with sapo: 1 and 1.05."
+        None,
+        description="policyLoss sapo (SAPO, Gao et al., arXiv 2511.20347): the soft gate's temperatures. "
+        "Only with policyLoss sapo; default then: 1 and 1.05.",
     )
     loss_aggregation: LossAggregation | None = Field(
         None,

@@ -108,9 +108,11 @@ def _mini_batch_counts(mask: torch.Tensor) -> tuple[float, float]:
 
 
 def loss_seed(cfg: UpdateConfig, trainer: FSDPTrainer, micro_index: int) -> int:
-    """A seed for the losses' random draws from the job's seed, the optimizer step and the micro-batch."""
+    """A seed for the losses' random draws from the job's seed, the optimizer step, the rank and the
+    micro-batch: a resumed run (the scheduler's step is checkpointed) draws the same."""
     step = trainer.scheduler.last_epoch if trainer.scheduler is not None else 0
-    return (cfg.seed * 1_000_003 + step * 10_007 + micro_index) % (1 << 62)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    return (((cfg.seed * 1_000_003 + step) * 1_009 + rank) * 10_007 + micro_index) % (1 << 62)
 
 
 def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) -> dict[str, float]:

@@ -18,6 +18,13 @@ Conventions every estimator keeps:
 - The "score" of a response for the outcome estimators is the sum of its valid token rewards,
   so a per-token KL penalty in the reward counts towards it.
 - Every output is exactly 0 on padding, and what sits in the padding of the inputs is ignored.
+
+Not registered: verl's `optimal_token_baseline` (OTB), whose per-token baseline weighs each return
+by the cumulative path variance W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi(v)^2). It fits the
+`reads` mechanism (it would read old log-probs and a `sum_pi_squared` input), but sum_v pi(v)^2 is a
+reduction over the whole vocabulary at every token that the trainer's log-prob pass does not
+return, and reading old log-probs before the update turns off the on-policy shortcut. It waits for
+the trainer to offer that reduction.
 """
 
 from collections.abc import Callable

@@ -41,6 +41,13 @@ from kuberl.runtime.algorithms.registry import POLICY_LOSSES
 GSPO_LOG_RATIO_MAX = 10.0
 
 
+def clipped_surrogate(advantages: Tensor, ratio: Tensor, config: PolicyLossConfig) -> tuple[Tensor, Tensor]:
+    """PPO's max(-A r, -A clip(r, 1 - low, 1 + high)) per token, and where the clipped term won."""
+    unclipped = -advantages * ratio  # (n, R)
+    clipped = -advantages * ratio.clamp(1 - config.clip_low, 1 + config.clip_high)  # (n, R)
+    return torch.maximum(unclipped, clipped), clipped > unclipped  # (n, R), (n, R)
+
+
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip_loss(inputs: PolicyLossInputs, config: PolicyLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate, -A * clip(ratio), with dual clip bounding negative-advantage tokens by c * |A|."""
@@ -49,11 +56,9 @@ def ppo_clip_loss(inputs: PolicyLossInputs, config: PolicyLossConfig) -> tuple[T
     mask, advantages = inputs.mask, inputs.advantages
     log_r = log_ratio(inputs)  # (n, R)
     ratio = torch.exp(log_r)  # (n, R)
-    unclipped = -advantages * ratio  # (n, R)
-    clipped = -advantages * ratio.clamp(1 - config.clip_low, 1 + config.clip_high)  # (n, R)
-    token_loss = torch.maximum(unclipped, clipped)  # (n, R)
+    token_loss, clipped = clipped_surrogate(advantages, ratio, config)  # (n, R), (n, R)
     metrics = {
-        "clip_fraction": masked_mean((clipped > unclipped).float(), mask),  # ()
+        "clip_fraction": masked_mean(clipped.float(), mask),  # ()
         "approx_kl": masked_mean(-log_r, mask),  # ()
         "ratio_mean": masked_mean(ratio, mask),  # ()
     }
@@ -80,11 +85,9 @@ def gspo_loss(inputs: PolicyLossInputs, config: PolicyLossConfig) -> tuple[Tenso
     log_seq_ratio = sequence_mean(log_r, valid)  # (n,) log s_i
     log_s = logprobs - logprobs.detach() + log_seq_ratio.detach()[:, None]  # (n, R) value log s_i, gradient d log pi
     seq_ratio = torch.exp(log_s.clamp(max=GSPO_LOG_RATIO_MAX))  # (n, R)
-    unclipped = -advantages * seq_ratio  # (n, R)
-    clipped = -advantages * seq_ratio.clamp(1 - config.clip_low, 1 + config.clip_high)  # (n, R)
-    token_loss = torch.maximum(unclipped, clipped)  # (n, R)
+    token_loss, clipped = clipped_surrogate(advantages, seq_ratio, config)  # (n, R), (n, R)
     metrics = {
-        "clip_fraction": masked_mean((clipped > unclipped).float(), mask),  # ()
+        "clip_fraction": masked_mean(clipped.float(), mask),  # ()
         "approx_kl": masked_mean(-log_r, mask),  # ()
         "ratio_mean": masked_mean(seq_ratio, mask),  # () token-weighted mean of the sequence ratios
     }

@@ -24,6 +24,7 @@ not invariant to the micro-batch size (the share of tokens chosen is).
 import torch
 from torch import Tensor
 
+from kuberl.runtime.algorithms.clipped_surrogates import clipped_surrogate
 from kuberl.runtime.algorithms.losses import PolicyLossConfig, PolicyLossInputs, importance_weighted, log_ratio
 from kuberl.runtime.algorithms.masked import masked_mean
 from kuberl.runtime.algorithms.registry import POLICY_LOSSES
@@ -47,10 +48,8 @@ def clip_cov_loss(inputs: PolicyLossInputs, config: PolicyLossConfig) -> tuple[T
     mask, advantages = inputs.mask, inputs.advantages
     valid = mask.bool()  # (n, R)
     log_r = log_ratio(inputs)  # (n, R)
-    ratio = torch.exp(log_r)  # (n, R)
-    unclipped = -advantages * ratio  # (n, R)
-    clipped = -advantages * ratio.clamp(1 - config.clip_low, 1 + config.clip_high)  # (n, R)
-    clipped_by_ratio = (clipped > unclipped) & valid  # (n, R)
+    surrogate, clipped = clipped_surrogate(advantages, torch.exp(log_r), config)  # (n, R), (n, R)
+    clipped_by_ratio = clipped & valid  # (n, R)
     covariance = advantage_logprob_covariance(inputs)  # (n, R)
     in_band = (covariance > config.clip_cov_lower) & (covariance < config.clip_cov_upper)  # (n, R)
     candidates = torch.nonzero((valid & ~clipped_by_ratio & in_band).flatten()).flatten()  # (C,) flat indices
@@ -60,7 +59,7 @@ def clip_cov_loss(inputs: PolicyLossInputs, config: PolicyLossConfig) -> tuple[T
     detached = torch.zeros_like(valid).flatten()  # (n*R,)
     detached[candidates[order[:picks]]] = True
     detached = detached.view_as(valid)  # (n, R)
-    token_loss = torch.where(detached, 0.0, torch.maximum(unclipped, clipped))  # (n, R)
+    token_loss = torch.where(detached, 0.0, surrogate)  # (n, R)
     metrics = {
         "clip_fraction": masked_mean(clipped_by_ratio.float(), mask),  # ()
         "cov_clip_fraction": masked_mean(detached.float(), mask),  # ()
