@@ -13,6 +13,7 @@ Follows verl's DAPO trainer (recipe/dapo: filter_groups with metric and max_num_
   it has (as many as split evenly over the ranks and mini-batches; none means no update that step)
   and the job stops only after `maxCappedSteps` such steps in a row, with an error that says why.
 - A group needs two scored members that differ: failed rewards are no evidence either way.
+- The count of capped steps in a row lives in the driver, not in checkpoints: a resumed job counts afresh.
 """
 
 import math

@@ -37,7 +37,7 @@ class UpdateConfig:
     temperature: float
     aggregation: str
     max_response_length: int
-    policy_loss: str = "ppo_clip"
+    policy_loss: str  # spec.algorithm.policyLoss: a POLICY_LOSSES name
     loss_config: PolicyLossConfig = PolicyLossConfig()
     #: Rollout correction computed per micro-batch against the current policy: bypass mode only
     #: (rollout.useEngineLogprobs), where the old log-probs are the engine's. In decoupled mode the
