@@ -247,22 +247,26 @@ class Controller:
         scored = torch.tensor([r.error is None for r in results])  # (N,)
         for row in (~scored).nonzero().flatten().tolist():
             log.warning("step %d: reward failed for response %d: %s", step + 1, row, results[row].error)
-        if self.overlong is not None:
-            assert self.overlong.buffer_length is not None  # the API fills it
-            lengths = batch.response_lengths  # (N,)
-            max_new = self.spec.rollout.max_new_tokens
-            scores = scores + overlong_penalty(
-                lengths, max_new, self.overlong.buffer_length, self.overlong.penalty_factor
-            )
+        scores = scores + self.shaping(batch.response_lengths)  # (N,)
         if self.needs_baseline:
             greedy = self._generate(prompts, step, greedy=True, stream=round_index)
             greedy_texts = [self.plan.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in greedy]
             base = self._score_texts([p.text for p in prompts], greedy_texts, [p.record for p in prompts])
-            batch.baseline_scores = torch.tensor([r.score for r in base]).repeat_interleave(self.group_size)  # (N,)
+            greedy_lengths = torch.tensor([len(g[0].token_ids) for g in greedy])  # (B,)
+            baseline = torch.tensor([r.score for r in base]) + self.shaping(greedy_lengths)  # (B,) shaped alike
+            batch.baseline_scores = baseline.repeat_interleave(self.group_size)  # (N,)
             # a failed baseline is no baseline: the prompt's samples would be compared with a placeholder
             scored &= torch.tensor([r.error is None for r in base]).repeat_interleave(self.group_size)  # (N,)
         batch.scores, batch.scored = scores, scored
         return results
+
+    def shaping(self, lengths: torch.Tensor) -> torch.Tensor:
+        """(N,) what reward.overlongPenalty adds to responses of `lengths` tokens (0 when it is off)."""
+        if self.overlong is None:
+            return torch.zeros(len(lengths))
+        assert self.overlong.buffer_length is not None  # the API fills it
+        max_new = self.spec.rollout.max_new_tokens
+        return overlong_penalty(lengths, max_new, self.overlong.buffer_length, self.overlong.penalty_factor)
 
     def _forward(self, role: str, batch: RolloutBatch) -> torch.Tensor:
         group = self.groups.host(role)
