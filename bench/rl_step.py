@@ -1,4 +1,4 @@
-"""Where one RL step's time goes: rollout, reward, reference, old log-probs, critic, update, sync.
+"""Where one RL step's time goes: rollout, reward, reference, old log-probs, correction, critic, update, sync.
 
     .venv/bin/python bench/rl_step.py                 # GRPO on the tiny demo model (2 actor ranks)
     .venv/bin/python bench/rl_step.py --ppo           # PPO with a critic (adds the critic stages)
@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-STAGES = ["rollout", "reward", "reference", "old_logprobs", "critic", "advantages", "update", "sync"]
+STAGES = ["rollout", "reward", "reference", "old_logprobs", "correction", "critic", "advantages", "update", "sync"]
 
 
 def job_manifest(args: argparse.Namespace) -> dict:
