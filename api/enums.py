@@ -115,6 +115,13 @@ class RolloutMode(StrEnum):
     SEPARATE = "separate"
 
 
+class LoRASync(StrEnum):
+    """What a LoRA run's weight sync sends to the rollout engine."""
+
+    ADAPTER = "adapter"  # the adapter tensors; the engine generates with the adapter
+    MERGED = "merged"  # the layers the adapters touch, merged into the base weights, loaded in place
+
+
 class OverlongPrompt(StrEnum):
     ERROR = "error"
     TRUNCATE_LEFT = "truncate_left"

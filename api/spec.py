@@ -7,7 +7,15 @@ from pydantic_core import PydanticCustomError
 
 from kuberl.api.algorithm import ALGORITHM_PRESETS, AlgorithmSpec
 from kuberl.api.base import KuberlModel
-from kuberl.api.enums import ComputeDType, DType, LRSchedule, OverlongPrompt, RolloutEngine, RolloutMode
+from kuberl.api.enums import (
+    ComputeDType,
+    DType,
+    LoRASync,
+    LRSchedule,
+    OverlongPrompt,
+    RolloutEngine,
+    RolloutMode,
+)
 from kuberl.api.resources import ResourcesSpec
 from kuberl.api.rules import CHECKPOINT_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
 
@@ -66,10 +74,52 @@ class ModelSource(KuberlModel):
         return check_location(value, "path")
 
 
+class LoRASpec(KuberlModel):
+    """Low-rank adapters (LoRA, Hu et al. 2021) instead of a full fine-tune, built with PEFT.
+
+    Only the adapters train, take optimiser state, go into checkpoints
+    and move to the rollout engine after each update; the base weights stay frozen and are shared
+    with the KL reference (the base model with the adapters switched off).
+    """
+
+    rank: int = Field(8, ge=1, le=512, description="Rank r of each adapter (B @ A, A: r x in, B: out x r).")
+    alpha: int = Field(
+        16, ge=1, description="Scaling numerator: an adapter adds (alpha / rank) * B @ A to its layer's weight."
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on each adapter's input while training.")
+    target_modules: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.\-]+$", max_length=128)]] = Field(
+        default_factory=lambda: ["all-linear"],
+        min_length=1,
+        max_length=64,
+        description="Names of the layers that get adapters (PEFT's target_modules), e.g. [q_proj, v_proj]; "
+        "all-linear: every linear layer of the decoder except the LM head.",
+    )
+    train_head: bool = Field(
+        False,
+        description="Also give the LM head an adapter (all-linear leaves it out). The adapter changes the head's "
+        "output only, so it works on models whose head is tied to the embeddings.",
+    )
+    sync: LoRASync = Field(
+        LoRASync.ADAPTER,
+        description="What each weight sync sends to the rollout engine. adapter: only the adapter tensors (a few "
+        "MB); the engine generates with the adapter (vLLM's LoRA layers cost some generation speed). merged: the "
+        "layers the adapters touch with the adapters merged in, loaded in place like a full sync; generation runs "
+        "at the base model's speed. merged with trainHead needs an untied LM head.",
+    )
+    export_merged: bool = Field(
+        False,
+        description="Besides the adapter (<output>/model), export the base model with the adapters merged in "
+        "(<output>/model-merged).",
+    )
+
+
 class ActorModel(ModelSource):
     """The policy being trained."""
 
     optim: OptimizerSpec = Field(default_factory=OptimizerSpec, description="The actor's optimiser.")
+    lora: LoRASpec | None = Field(
+        None, description="Train low-rank adapters instead of every weight (LoRA); null: a full fine-tune."
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     tokenizer: str | None = Field(None, description="Tokenizer location when it differs from path.")
 

@@ -56,6 +56,10 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
         )
     if spec.reward.model is not None:
         paths["reward"] = _resolve(spec.reward.model.path, base_dir, cache_dir, "spec.reward.model.path")
+    from kuberl.runtime.models.lora import lora_problems
+
+    for problem in lora_problems(spec, actor_path):
+        raise RunConfigError(problem)
     tokenizer_path = actor_path
     if spec.models.actor.tokenizer:
         tokenizer_path = _resolve(spec.models.actor.tokenizer, base_dir, cache_dir, "spec.models.actor.tokenizer")

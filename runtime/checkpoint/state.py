@@ -5,6 +5,9 @@ model's sharded state dict (`get_state_dict`): every rank writes its own shards,
 metadata records each shard's global offsets, so a checkpoint written by N ranks loads into any
 other number of ranks (and into one process without a process group: export.py).
 
+With LoRA (`spec.models.actor.lora`) the frozen base weights are left out: the shards hold the
+adapters, their optimizer state and, with trainHead, the head.
+
 Beside the shards each rank writes `rank-<r>.pt`: the LR scheduler's state (the same on every
 rank) and that rank's RNG states (torch, CUDA, numpy, python). A resume with a different world
 size gives rank r the RNG of saved rank r % saved_world_size.
@@ -25,6 +28,7 @@ import torch
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter  # no public alias yet
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -38,6 +42,11 @@ from kuberl.runtime.checkpoint.storage import Location, is_remote, storage_optio
 from kuberl.runtime.checkpoint.store import CheckpointError
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.pt$")
+#: A trained model's checkpoint holds what trains: every weight in a full fine-tune, the adapters (and a
+#: trained head) with LoRA, whose frozen base is read again from the model folder at start-up.
+TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
+#: Loading leaves the frozen weights out too; DCP has already refused a checkpoint that lacks a trained one.
+LOAD_TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 class Trainer(Protocol):
@@ -90,7 +99,11 @@ def load_trainer_state(trainer: Trainer, location: str, name: str, rank: int) ->
     restore_tied(trainer.model, state["model"])
     if trainer.optimizer is not None:
         set_state_dict(
-            trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            trainer.model,
+            trainer.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=LOAD_TRAINED_ONLY,
         )
     else:
         set_model_state_dict(trainer.model, state["model"])
@@ -111,7 +124,7 @@ def _sharded_state(trainer: Trainer) -> dict[str, Any]:
     if trainer.optimizer is None:
         state = {"model": get_model_state_dict(trainer.model)}
     else:
-        model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
+        model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer, options=TRAINED_ONLY)
         state = {"model": model_state, "optimizer": optim_state}
     for alias in tied_aliases(trainer.model):
         state["model"].pop(alias, None)
@@ -137,7 +150,8 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
 
 def restore_tied(model: torch.nn.Module, model_state: dict[str, Any]) -> dict[str, Any]:
     for alias, name in tied_aliases(model).items():
-        model_state[alias] = model_state[name]
+        if name in model_state:  # a frozen (LoRA base) weight is not in the checkpoint under either name
+            model_state[alias] = model_state[name]
     return model_state
 
 

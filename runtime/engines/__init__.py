@@ -5,6 +5,7 @@ from typing import Any
 import torch
 
 from kuberl.api import RLJobSpec, RolloutEngine
+from kuberl.runtime.models.lora import sync_mode
 
 
 def build_rollout_engine(spec: RLJobSpec, model_path: str, tokenizer: Any, device: torch.device) -> Any:
@@ -14,7 +15,12 @@ def build_rollout_engine(spec: RLJobSpec, model_path: str, tokenizer: Any, devic
 
         from kuberl.runtime.engines.hf import HFRolloutEngine
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if spec.models.actor.lora is not None and sync_mode(spec) == "adapter":  # the same LoRA layers
+            from kuberl.runtime.models.lora import apply_lora
+
+            with torch.random.fork_rng(devices=[]):  # its fresh adapters are overwritten by the first sync
+                model = apply_lora(model, spec.models.actor.lora)
         return HFRolloutEngine(torch.nn.Module.to(model, device), tokenizer, device)
     from kuberl.runtime.engines.vllm import VLLMRolloutEngine
 

@@ -41,6 +41,10 @@ class RolloutEngine(Protocol):
         """Copy named full tensors into the engine's model in place; returns the bytes loaded."""
         ...
 
+    def load_adapter(self, weights: Iterable[tuple[str, Tensor]]) -> int:
+        """LoRA runs: copy the adapter's tensors (saved-adapter names) into the engine; generation uses them."""
+        ...
+
     def response_logprobs(self, prompt: list[int], response: list[int], temperature: float) -> list[float]:
         """log π_engine(response | prompt), token by token: the probe for `rollout.verifySync`."""
         ...

@@ -11,7 +11,7 @@ averaged, so a 2-rank update equals a single-process update on the unsharded bat
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,8 @@ def apply_fsdp(
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    if hasattr(model, "get_base_model"):  # a PEFT (LoRA) model: the layers are the wrapped model's
+        model = model.get_base_model()  # type: ignore[operator]
     backbone = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
     layers = getattr(backbone, "layers", None)
     if layers is None:
@@ -66,7 +68,7 @@ def build_optimizer(
     model: torch.nn.Module, spec: OptimizerSpec, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [param for param in model.parameters() if param.requires_grad],  # with LoRA: the adapters only
         lr=spec.lr,
         betas=(spec.betas[0], spec.betas[1]),
         weight_decay=spec.weight_decay,
@@ -170,14 +172,24 @@ class FSDPTrainer:
 
     @torch.no_grad()
     def logprobs(
-        self, batch: ForwardInput, temperature: float, micro_batch_size: int, full_precision: bool = False
+        self,
+        batch: ForwardInput,
+        temperature: float,
+        micro_batch_size: int,
+        full_precision: bool = False,
+        base_only: bool = False,
     ) -> Tensor:
-        """Log-probs of the response tokens; `full_precision` skips CPU autocast (the weights' own dtype)."""
+        """Log-probs of the response tokens; `full_precision` skips CPU autocast (the weights' own dtype).
+
+        `base_only`: with the LoRA adapters switched off, i.e. the base model (the KL reference of a LoRA run).
+        """
         self.model.eval()
-        parts = [
-            self.response_logprobs(batch, rows, temperature, full_precision=full_precision)[0].cpu()
-            for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size)
-        ]
+        switched_off = self.model.disable_adapter() if base_only else contextlib.nullcontext()  # type: ignore[operator]
+        with switched_off:
+            parts = [
+                self.response_logprobs(batch, rows, temperature, full_precision=full_precision)[0].cpu()
+                for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size)
+            ]
         return torch.cat(parts)  # (n, R)
 
     @torch.no_grad()
@@ -202,12 +214,15 @@ class FSDPTrainer:
         return {"grad_norm": float(norm), "lr": float(lr)}
 
     # -- weights out --------------------------------------------------------------------------------
-    def full_tensors(self) -> Iterator[tuple[str, Tensor]]:
-        """Each parameter gathered in full, one at a time: at most one full tensor is alive per step.
+    def full_tensors(self, select: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Tensor]]:
+        """Each parameter (those whose name `select` accepts) gathered in full, one at a time: at most one
+        full tensor is alive per step.
 
         Every rank must iterate to the end (each step is an all-gather).
         """
         for name, param in self.model.named_parameters():
+            if select is not None and not select(name):
+                continue
             full = param.full_tensor() if hasattr(param, "full_tensor") else param.data
             yield name, full.detach()
             del full

@@ -125,6 +125,24 @@ class HFRolloutEngine:
             loaded += tensor.numel() * tensor.element_size()
         return loaded
 
+    @torch.no_grad()
+    def load_adapter(self, weights: Iterable[tuple[str, Tensor]]) -> int:
+        """Copy LoRA adapter tensors (saved-adapter names, `models.lora.adapter_name`) into this engine's
+        PEFT model in place; returns the bytes loaded. The model must be wrapped with the same LoRA config."""
+        from kuberl.runtime.models.lora import adapter_name, is_trainable_name
+
+        targets = {adapter_name(name): p for name, p in self.model.named_parameters() if is_trainable_name(name)}
+        if not targets:
+            raise RuntimeError("load_adapter: the hf engine's model has no LoRA adapter (spec.models.actor.lora)")
+        loaded = 0
+        for name, tensor in weights:
+            target = targets.get(name)
+            if target is None:
+                raise KeyError(f"the rollout model has no adapter tensor {name!r}")
+            target.copy_(tensor)
+            loaded += tensor.numel() * tensor.element_size()
+        return loaded
+
     def sleep(self) -> None:
         """Nothing to release: the HF engine's KV cache lives only inside `generate`."""
 

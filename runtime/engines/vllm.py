@@ -52,8 +52,15 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   False. The engine installs the same scan with that one call guarded (`_rebind_kernels_tolerantly`).
 - Sleep mode (free the KV cache and offload weights while the trainer runs) exists only on CUDA;
   on CPU `sleep`/`wake_up` are no-ops.
+- LoRA (`spec.models.actor.lora`): with the "adapter" sync the engine starts with `enable_lora`
+  and generates and scores with the one adapter it holds, loaded from memory by `load_adapter`
+  (`engines.vllm_lora`); before the first load it serves the base model, which a fresh adapter
+  (B = 0) does not change. With the "merged" sync `load_weights` receives only the blocks the
+  adapters touch; vLLM's reload keeps every other layer as it is (and would warn about each one,
+  so its reload loggers are quietened for those loads).
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -68,6 +75,7 @@ from torch import Tensor
 
 from kuberl.api import RLJobSpec
 from kuberl.runtime.engines.base import Generation, SamplingParams
+from kuberl.runtime.models.lora import peft_config_dict, sync_mode
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +223,20 @@ def _refresh_shared_gemms(worker: Any) -> int:
 class VLLMRolloutEngine:
     """A vLLM engine behind `RolloutEngine`; build it with `create`."""
 
-    def __init__(self, llm: Any, device: torch.device, logprobs_mode: str) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        device: torch.device,
+        logprobs_mode: str,
+        adapter_config: dict[str, Any] | None = None,
+        partial_loads: bool = False,
+    ) -> None:
         self.llm = llm
         self.device = device
         self.logprobs_mode = logprobs_mode
+        self.adapter_config = adapter_config  # PEFT config of the LoRA adapter this engine serves, if any
+        self.adapter: Any = None  # the LoRARequest generation names, once an adapter is loaded
+        self.partial_loads = partial_loads  # LoRA's merged sync: each load brings only the touched blocks
         self._asleep = False
         self._woken_tags: set[str] = set()
         self._warned_rescoring = False
@@ -241,6 +259,12 @@ class VLLMRolloutEngine:
         if kv_bytes is not None:
             memory["kv_cache_memory_bytes"] = kv_bytes
         mode = logprobs_mode_for(rollout.temperature)
+        lora = spec.models.actor.lora if sync_mode(spec) == "adapter" else None
+        if lora is not None:
+            from kuberl.runtime.engines.vllm_lora import install_tensor_loader, max_lora_rank_for
+
+            install_tensor_loader()
+            memory.update(enable_lora=True, max_lora_rank=max_lora_rank_for(lora.rank), max_loras=1)
         if not cuda:
             _rank_eagerly()
             _rebind_kernels_tolerantly()
@@ -263,7 +287,8 @@ class VLLMRolloutEngine:
             # thread; this process also trains, so the caller's setting comes back.
             torch.set_num_threads = set_threads
             set_threads(threads)
-        return cls(llm, torch.device(device), mode)
+        adapter_config = peft_config_dict(lora) if lora is not None else None
+        return cls(llm, torch.device(device), mode, adapter_config, partial_loads=sync_mode(spec) == "merged")
 
     # -- generation ---------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
@@ -274,7 +299,7 @@ class VLLMRolloutEngine:
 
         requests = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
         sampling = [to_vllm_sampling(params, index) for index in range(len(prompts))]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.adapter)
         generations = [[to_generation(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
         if not engine_logprobs_are_exact(self.logprobs_mode, params):
             self._rescore(prompts, generations, params.temperature)
@@ -317,7 +342,7 @@ class VLLMRolloutEngine:
             max_tokens=1, temperature=0.0, prompt_logprobs=-1 if whole_vocabulary else 0, detokenize=False
         )
         requests = [TokensPrompt(prompt_token_ids=list(prompt) + list(response)) for prompt, response in pairs]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.adapter)
         scores = []
         for (prompt, response), out in zip(pairs, outputs, strict=True):
             steps = out.prompt_logprobs[len(prompt) :]  # step i: log-probs of the token at len(prompt) + i
@@ -340,14 +365,34 @@ class VLLMRolloutEngine:
         and at most one layer's gathered tensors are alive at once.
         """
         counter = _ByteCounter(weights)
-        if self._asleep:  # weights offloaded by sleep(): bring them back before writing into them
-            self.llm.wake_up(tags=["weights"])
-            self._woken_tags.add("weights")
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(counter)})
+        self._wake_weights()
+        with _quiet_reload_loggers() if self.partial_loads else contextlib.nullcontext():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(counter)})
         if self.device.type == "cpu":
             self.llm.collective_rpc(_refresh_shared_gemms)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         return counter.bytes
+
+    def load_adapter(self, weights: Iterable[tuple[str, Tensor]]) -> int:
+        """Load the LoRA adapter (saved-adapter names -> tensors) from memory in place; returns bytes loaded.
+
+        From then on every generation and score uses it.
+        """
+        if self.adapter_config is None:
+            raise RuntimeError("this vLLM engine was built without LoRA (spec.models.actor.lora, adapter sync)")
+        from kuberl.runtime.engines.vllm_lora import adapter_request, serving_request
+
+        request, size = adapter_request(weights, self.adapter_config)
+        self._wake_weights()
+        self.llm.llm_engine.add_lora(request)
+        self.adapter = serving_request()
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old adapter
+        return size
+
+    def _wake_weights(self) -> None:
+        if self._asleep and "weights" not in self._woken_tags:  # offloaded by sleep(): back before writing
+            self.llm.wake_up(tags=["weights"])
+            self._woken_tags.add("weights")
 
     # -- memory ---------------------------------------------------------------------------------------
     def sleep(self) -> None:
@@ -369,6 +414,18 @@ class VLLMRolloutEngine:
         """Stops the engine. vLLM's teardown also destroys torch.distributed's default process group
         (in colocated mode the trainer's): call it last, after the trainer is done with the group."""
         self.llm.llm_engine.engine_core.shutdown()
+
+
+@contextlib.contextmanager
+def _quiet_reload_loggers() -> Iterator[None]:
+    """vLLM's reload warns about every layer a partial load leaves as it is; those are expected here."""
+    reload_log = logging.getLogger("vllm.model_executor.model_loader.reload")
+    level = reload_log.level
+    reload_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        reload_log.setLevel(level)
 
 
 class _ByteCounter:

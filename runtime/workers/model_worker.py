@@ -4,6 +4,10 @@ A worker hosts the roles its group was given: `actor` (FSDP2 trainer), `rollout`
 engine beside the actor: the colocated hybrid engine), `reference` (forward only) and `critic`
 (FSDP2 value model). Roles without a pool of their own are colocated in the actor's workers,
 as in verl's ActorRolloutRefWorker.
+
+With LoRA (`spec.models.actor.lora`) the actor is a PEFT model: only its adapters train, sync and
+checkpoint (`models.lora`), and a colocated reference of the same model is the actor with its
+adapters switched off instead of a second copy of the weights.
 """
 
 import os
@@ -20,6 +24,7 @@ from kuberl.api import ComputeDType, RLJob, parse_rljob
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import FSDPTrainer
+from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_critic, update_policy
 from kuberl.runtime.workers.group import worker_device
 
@@ -53,6 +58,8 @@ class ModelWorker:
         self.trainers: dict[str, FSDPTrainer] = {}
         self.engine: Any = None
         self.job: RLJob | None = None
+        self.lora_sync: str | None = None  # what a sync sends (models.lora.sync_mode)
+        self.reference_is_base = False  # the reference is the LoRA actor with its adapters off
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 serves the process group's rendezvous."""
@@ -77,6 +84,7 @@ class ModelWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer_path)
         spec = self.job.spec
         started = time.perf_counter()
+        self.lora_sync = sync_mode(spec)
         if "actor" in setup.roles:
             actor = spec.models.actor
             self.trainers["actor"] = self._trainer(
@@ -85,8 +93,14 @@ class ModelWorker:
                 actor.optim,
                 setup.total_steps,
                 gradient_checkpointing=actor.gradient_checkpointing,
+                lora=actor.lora,
             )
-        if "reference" in setup.roles:
+        self.reference_is_base = (
+            "actor" in setup.roles
+            and spec.models.actor.lora is not None
+            and setup.model_paths.get("reference") == setup.model_paths["actor"]
+        )
+        if "reference" in setup.roles and not self.reference_is_base:
             self.trainers["reference"] = self._trainer(setup.model_paths["reference"], "float32", None, 0)
         if "critic" in setup.roles and spec.models.critic is not None:
             critic = spec.models.critic
@@ -106,6 +120,7 @@ class ModelWorker:
         *,
         critic: bool = False,
         gradient_checkpointing: bool = False,
+        lora: Any = None,
     ) -> FSDPTrainer:
         from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -116,6 +131,12 @@ class ModelWorker:
         model = kind.from_pretrained(path, dtype=TORCH_DTYPES[dtype], **extra)
         if optim is None:
             model.requires_grad_(False)
+        if lora is not None:
+            from kuberl.runtime.models.lora import apply_lora
+
+            if gradient_checkpointing:  # frozen embeddings: checkpointed blocks need an input that wants grads
+                model.enable_input_require_grads()
+            model = apply_lora(model, lora)
         return FSDPTrainer(
             model,
             world_size=self.world_size,
@@ -145,6 +166,8 @@ class ModelWorker:
         return self.engine.generate(prompts, params)
 
     def compute_logprobs(self, batch: RolloutBatch, role: str, temperature: float, micro_batch_size: int) -> Any:
+        if role == "reference" and self.reference_is_base:
+            return self.trainers["actor"].logprobs(forward_input(batch), temperature, micro_batch_size, base_only=True)
         return self.trainers[role].logprobs(forward_input(batch), temperature, micro_batch_size)
 
     def compute_values(self, batch: RolloutBatch, micro_batch_size: int) -> Any:
@@ -159,9 +182,10 @@ class ModelWorker:
         return update_critic(self.trainers["critic"], batch, config)
 
     def sync_weights(self) -> dict[str, float]:
-        """Load the actor's weights into the colocated engine in place, one gathered tensor at a time."""
+        """Load the actor's weights into the colocated engine in place, one gathered tensor at a time
+        (with LoRA: its adapters, or the blocks they touch merged; see models.lora)."""
         started = time.perf_counter()
-        loaded = self.engine.load_weights(self.trainers["actor"].full_tensors())
+        loaded = load_into(self.engine, self.lora_sync, sync_payload(self.trainers["actor"], self.lora_sync))
         return {"sync/bytes": float(loaded), "sync/seconds": time.perf_counter() - started}
 
     def publish_weights(self, bucket_mb: int) -> list[Any] | None:
@@ -171,7 +195,7 @@ class ModelWorker:
         """
         from kuberl.runtime.workers.rollout_worker import put_weight_buckets
 
-        weights = self.trainers["actor"].full_tensors()
+        weights = sync_payload(self.trainers["actor"], self.lora_sync)
         if self.rank == 0:
             return put_weight_buckets(weights, bucket_mb)
         for _ in weights:
@@ -211,7 +235,7 @@ class ModelWorker:
             if role in self.trainers:
                 load_trainer_state(self.trainers[role], location, role, self.rank)
         if self.engine is not None:
-            self.engine.load_weights(self.trainers["actor"].full_tensors())
+            load_into(self.engine, self.lora_sync, sync_payload(self.trainers["actor"], self.lora_sync))
 
     def export_hf(self, directory: str, source_path: str) -> str | None:
         return export_actor(self, directory, source_path)
@@ -226,8 +250,16 @@ def model_cache_dir() -> Path:
 
 
 def export_actor(worker: ModelWorker, directory: str, source_path: str) -> str | None:
-    """Gather the actor's full weights on rank 0 and write a Hugging Face model folder there."""
+    """Gather the actor's full weights on rank 0 and write a Hugging Face model folder there.
+
+    With LoRA: the adapter as a PEFT folder, and with lora.exportMerged the merged model at <directory>-merged.
+    """
     from transformers import AutoModelForCausalLM
+
+    assert worker.job is not None
+    lora = worker.job.spec.models.actor.lora
+    if lora is not None:
+        return export_lora_actor(worker, directory, source_path)
 
     state = {}
     for name, tensor in worker.trainers["actor"].full_tensors():
@@ -242,4 +274,21 @@ def export_actor(worker: ModelWorker, directory: str, source_path: str) -> str |
         raise RuntimeError(f"export: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
     model.save_pretrained(directory)
     worker.tokenizer.save_pretrained(directory)
+    return directory
+
+
+def export_lora_actor(worker: ModelWorker, directory: str, source_path: str) -> str | None:
+    from kuberl.runtime.models.lora import save_adapter
+
+    assert worker.job is not None
+    lora = worker.job.spec.models.actor.lora
+    assert lora is not None
+    adapter = [(name, t.detach().cpu().clone()) for name, t in sync_payload(worker.trainers["actor"], "adapter")]
+    if worker.rank != 0:
+        return None
+    merged = f"{directory}-merged" if lora.export_merged else None
+    save_adapter(adapter, lora, source_path, directory, merged)
+    for folder in (directory, merged):
+        if folder is not None:
+            worker.tokenizer.save_pretrained(folder)
     return directory

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from kuberl.api import parse_rljob
 from kuberl.runtime.engines.base import Generation, SamplingParams
+from kuberl.runtime.models.lora import load_into, sync_mode
 from kuberl.runtime.workers.group import worker_device
 
 #: (name, tensor) pairs that travel together through the object store.
@@ -87,6 +88,7 @@ class RolloutWorker:
         self.world_size = world_size
         self.engine: Any = None
         self.weight_version: int | None = None  # None: no engine yet, or a load is under way or failed
+        self.lora_sync: str | None = None  # what the actor sends (models.lora.sync_mode): weights or an adapter
 
     def setup(self, job_manifest: dict[str, Any], model_path: str, tokenizer_path: str, threads: int = 1) -> dict:
         """Builds the engine `spec.rollout.engine` names with the model at `model_path` (weight version 0)."""
@@ -97,6 +99,7 @@ class RolloutWorker:
         started = time.perf_counter()
         torch.set_num_threads(max(1, threads))
         spec = parse_rljob(job_manifest).spec
+        self.lora_sync = sync_mode(spec)
         device = worker_device()
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.engine = build_rollout_engine(spec, model_path, tokenizer, device)
@@ -133,7 +136,7 @@ class RolloutWorker:
             )
         started = time.perf_counter()
         self.weight_version = None  # half-loaded weights belong to no version
-        loaded = self.engine.load_weights(stream_buckets(buckets))
+        loaded = load_into(self.engine, self.lora_sync, stream_buckets(buckets))
         self.weight_version = version
         return {"sync/bytes": float(loaded), "sync/seconds": time.perf_counter() - started, "sync/version": version}
 
