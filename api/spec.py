@@ -109,7 +109,8 @@ class LoRASpec(KuberlModel):
     export_merged: bool = Field(
         False,
         description="Besides the adapter (<output>/model), export the base model with the adapters merged in "
-        "(<output>/model-merged).",
+        "(<output>/model-merged). With trainHead on a model whose head is tied to the embeddings, the merged "
+        "model gets a head of its own.",
     )
 
 

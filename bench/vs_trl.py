@@ -72,6 +72,7 @@ Adaptations (every departure from plain `GRPOTrainer(...).train()`), in `run_trl
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,13 @@ class Workload:
     seed: int = 0
     max_prompt_length: int = 32
     kv_cache_bytes: int = 256 << 20  # vLLM's KV cache on CPU, both frameworks
+    device: str = "cpu"  # cuda: one GPU for both (bench/gpu/run.sh); the CPU adaptations (4) are then off
+    gpu_memory_utilization: float = 0.3  # vLLM's share of the GPU on cuda, both frameworks
+
+    @property
+    def model_location(self) -> str:
+        """`model` is a tiny model's name or a model folder (bench/gpu builds Qwen2.5 shapes)."""
+        return self.model if "/" in self.model else f"tiny://{self.model}"
 
 
 @dataclass(frozen=True)
@@ -143,8 +151,10 @@ def kuberl_manifest(work: Workload, config: Config) -> dict[str, Any]:
         "topP": 1.0,
         "useEngineLogprobs": False,
     }
-    if config.engine == "vllm":
+    if config.engine == "vllm" and work.device == "cpu":
         rollout["kvCacheBytes"] = work.kv_cache_bytes
+    if config.engine == "vllm" and work.device == "cuda":
+        rollout["gpuMemoryUtilization"] = work.gpu_memory_utilization
     return {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
@@ -164,7 +174,7 @@ def kuberl_manifest(work: Workload, config: Config) -> dict[str, Any]:
             },
             "models": {
                 "actor": {
-                    "path": f"tiny://{work.model}",
+                    "path": work.model_location,
                     "dtype": "float32",
                     "gradientCheckpointing": False,
                     "optim": {"lr": work.lr, "weightDecay": 0.0, "schedule": "constant", "gradClip": 1.0},
@@ -179,7 +189,9 @@ def kuberl_manifest(work: Workload, config: Config) -> dict[str, Any]:
                 "microBatchSize": work.micro_batch,
                 "computeDtype": "bfloat16" if config.precision == "bf16" else "float32",
             },
-            "resources": {"actor": {"replicas": config.ranks, "cpus": config.cpus}},
+            "resources": {
+                "actor": {"replicas": config.ranks, "cpus": config.cpus, "gpus": 1 if work.device == "cuda" else 0}
+            },
             "checkpoint": {"intervalSteps": None, "resume": False, "exportHf": False, "saveOnPreemption": True},
         },
     }
@@ -296,7 +308,10 @@ def trl_model_folder(work: Workload, directory: Path) -> Path:
     """The same tiny model kuberl builds for tiny://NAME, stopping at the tokenizer's EOS only (adaptation 3)."""
     from kuberl.runtime.models.tiny import EOS_TOKEN, build_tiny_model
 
-    build_tiny_model(work.model, directory)
+    if "/" in work.model:  # a model folder (its tokenizer is the tiny one: bench/gpu/models.py)
+        shutil.copytree(work.model, directory)
+    else:
+        build_tiny_model(work.model, directory)
     tokenizer = json.loads((directory / "tokenizer.json").read_text())
     eos_id = next(token["id"] for token in tokenizer["added_tokens"] if token["content"] == EOS_TOKEN)
     generation = directory / "generation_config.json"
@@ -320,7 +335,8 @@ def run_trl_child(work: Workload, config: Config) -> ChildResult:
     torch.set_num_threads(threads)
     if config.engine == "vllm":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        adapt_trl_vllm_to_cpu(work.kv_cache_bytes, threads)
+        if work.device == "cpu":
+            adapt_trl_vllm_to_cpu(work.kv_cache_bytes, threads)
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
@@ -389,7 +405,8 @@ def run_trl_child(work: Workload, config: Config) -> ChildResult:
             vllm_max_model_length=work.max_prompt_length + work.max_new_tokens + 1,
             bf16=config.precision == "bf16",
             gradient_checkpointing=False,
-            use_cpu=True,
+            use_cpu=work.device == "cpu",
+            **({"vllm_gpu_memory_utilization": work.gpu_memory_utilization} if work.device == "cuda" else {}),
             logging_steps=1,
             report_to="none",
             save_strategy="no",
@@ -660,7 +677,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=6, help="steps per run; the first is not measured")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over all configurations")
     parser.add_argument("--quick", action="store_true", help="2 steps, 1 round: a smoke test")
-    parser.add_argument("--model", default="small", help="tiny model: small (~25M) or demo (~1M)")
+    parser.add_argument(
+        "--model",
+        default="small",
+        help="tiny model small (~25M) or demo (~1M), or a model folder with the tiny tokenizer",
+    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU for both frameworks")
     parser.add_argument("--prompts", type=int, default=Workload.prompts)
     parser.add_argument("--group", type=int, default=Workload.group)
     parser.add_argument("--max-new-tokens", type=int, default=Workload.max_new_tokens)
@@ -695,6 +717,7 @@ def main() -> int:
         lr=args.lr,
         kl_coef=args.kl_coef,
         steps=2 if args.quick else args.steps,
+        device=args.device,
     )
     if (work.prompts * work.group) % work.micro_batch:
         raise SystemExit(f"--micro-batch {work.micro_batch} must divide prompts x group = {work.prompts * work.group}")

@@ -1,6 +1,6 @@
 """Benchmark the hybrid engine's weight sync: trainer tensors into the vLLM engine in place.
 
-    .venv/bin/python bench/weight_sync.py [--quick] [--repeats 10] [--fsdp] [--threads 1]
+    .venv/bin/python bench/weight_sync.py [--quick] [--repeats 10] [--fsdp] [--lora] [--threads 1]
 
 For Qwen2 models of about 1M, 25M and 100M parameters (random fp32 weights, built here), prints:
 
@@ -16,6 +16,12 @@ The fastest of `--repeats` runs each, floor and sync alternating (the machine ma
 `--fsdp` also runs a 2-rank FSDP2 (gloo) job on the 25M model in which each rank gathers its
 shards (`full_tensors`) and loads them into its own engine — the colocated hybrid engine — and
 prints the gather alone and gather+load.
+
+`--lora` also runs a LoRA run's syncs on each model (`spec.models.actor.lora`: rank 8 on every linear
+layer and on the head, adapters that look trained): *adapter* streams the adapter from a single-rank
+trainer (`models.lora.sync_payload`) into an engine built with LoRA (`load_adapter`: vLLM builds the
+adapter from memory); *merged* merges the adapters into the blocks they touch and reloads those
+(`lora.sync: merged`). Both against the full sync and the floor of the same model, alternating.
 
 On CPU the sync is bounded by vLLM's GEMM repacking (every linear layer is rebuilt and repacked
 for oneDNN in fresh memory), not by the copy; runtime/engines/vllm.py explains the trade-off.
@@ -85,9 +91,13 @@ def build_model(name: str, directory: Path) -> Path:
     return directory
 
 
-def job_spec(model_dir: Path):
+def job_spec(model_dir: Path, lora: dict | None = None):
     from kuberl.api import parse_rljob
 
+    return parse_rljob(job_manifest(model_dir, lora)).spec
+
+
+def job_manifest(model_dir: Path, lora: dict | None = None) -> dict:
     manifest = {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
@@ -99,7 +109,9 @@ def job_spec(model_dir: Path):
             "rollout": {"engine": "vllm", "maxNewTokens": 64, "kvCacheBytes": 64 << 20},
         },
     }
-    return parse_rljob(manifest).spec
+    if lora is not None:
+        manifest["spec"]["models"]["actor"]["lora"] = lora
+    return manifest
 
 
 def rss() -> int:
@@ -172,6 +184,78 @@ def bench_model(name: str, repeats: int, root: Path) -> dict[str, float]:
     }
 
 
+# -- optional: a LoRA run's syncs against the full sync ------------------------------------------------
+LORA = {"rank": 8, "alpha": 16, "trainHead": True}
+
+
+def lora_trainer(model_dir: Path, lora: dict):
+    """A single-rank LoRA trainer of the model whose adapters look trained (B != 0)."""
+    from transformers import AutoModelForCausalLM
+
+    from kuberl.api import parse_rljob
+    from kuberl.runtime.engines.fsdp import FSDPTrainer
+    from kuberl.runtime.models.lora import apply_lora
+
+    spec = parse_rljob(job_manifest(model_dir, lora)).spec
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = apply_lora(model, spec.models.actor.lora)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.01)
+    return FSDPTrainer(model, world_size=1, device=torch.device("cpu"), optim=None, total_steps=1)
+
+
+def payload_bytes(weights) -> int:
+    return sum(tensor.numel() * tensor.element_size() for _, tensor in weights)
+
+
+def bench_lora(name: str, repeats: int, root: Path) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM
+
+    from kuberl.runtime.engines.vllm import VLLMRolloutEngine
+    from kuberl.runtime.models.lora import load_into, sync_payload
+
+    model_dir = root / name if (root / name / "config.json").exists() else build_model(name, root / name)
+    full = [(n, p.detach()) for n, p in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()]
+    # the merged sync of a head adapter needs an untied head; these models tie it, so it adapts the blocks only
+    lora_merged = {**LORA, "trainHead": False, "sync": "merged"}
+    trainers = {"adapter": lora_trainer(model_dir, LORA), "merged": lora_trainer(model_dir, lora_merged)}
+    cpu = torch.device("cpu")
+    engines = {
+        "full": VLLMRolloutEngine.create(job_spec(model_dir), str(model_dir), cpu),
+        "adapter": VLLMRolloutEngine.create(job_spec(model_dir, LORA), str(model_dir), cpu),
+        "merged": VLLMRolloutEngine.create(job_spec(model_dir, lora_merged), str(model_dir), cpu),
+    }
+    targets = [torch.empty_like(p) for _, p in full]
+
+    def floor() -> None:
+        for target, (_, tensor) in zip(targets, full, strict=True):
+            target.copy_(tensor)
+
+    def lora_sync(mode: str) -> Callable[[], object]:
+        return lambda: load_into(engines[mode], mode, sync_payload(trainers[mode], mode))
+
+    works = {
+        "floor": floor,
+        "full": lambda: engines["full"].load_weights(iter(full)),
+        "adapter": lora_sync("adapter"),
+        "merged": lora_sync("merged"),
+    }
+    for work in works.values():
+        work()  # warm: first-call allocations
+    timings = dict(zip(works, best_of(repeats, *works.values()), strict=True))
+    sizes = {mode: payload_bytes(sync_payload(trainers[mode], mode)) for mode in trainers}
+    for engine in engines.values():
+        engine.shutdown()
+    return {
+        **timings,
+        "bytes": payload_bytes(full),
+        "adapter_bytes": sizes["adapter"],
+        "merged_bytes": sizes["merged"],
+    }
+
+
 # -- optional: 2-rank FSDP gather + load (the colocated hybrid engine) ----------------------------------
 def _fsdp_rank(rank: int, world: int, port: int, model_dir: str, repeats: int, out: dict) -> None:
     import torch.distributed as dist
@@ -220,6 +304,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1M and 25M only, 2 repeats")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--fsdp", action="store_true", help="also time a 2-rank FSDP gather + load (25M)")
+    parser.add_argument("--lora", action="store_true", help="also time a LoRA run's adapter and merged syncs")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (as kuberl workers run)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -238,6 +323,20 @@ def main() -> None:
             )
         print(header)
         print("\n".join(rows))
+        if args.lora:
+            print(
+                f"\nLoRA rank {LORA['rank']} on every linear layer and the head; seconds, best of {repeats}:\n"
+                f"{'model':>6} {'model MB':>9} {'adapter MB':>10} {'merged MB':>9} {'floor':>8} {'full':>8} "
+                f"{'adapter':>8} {'merged':>8} {'full/adapter':>12} {'adapter/floor':>13} {'merged/full':>11}"
+            )
+            for name in names:
+                r = bench_lora(name, repeats, Path(root))
+                print(
+                    f"{name:>6} {r['bytes'] / 2**20:>9.1f} {r['adapter_bytes'] / 2**20:>10.2f} "
+                    f"{r['merged_bytes'] / 2**20:>9.1f} {r['floor']:>8.4f} "
+                    f"{r['full']:>8.4f} {r['adapter']:>8.4f} {r['merged']:>8.4f} {r['full'] / r['adapter']:>12.1f} "
+                    f"{r['adapter'] / r['floor']:>13.2f} {r['merged'] / r['full']:>11.2f}"
+                )
         if args.fsdp:
             fsdp = bench_fsdp(max(1, repeats // 2), Path(root))
             print(

@@ -23,6 +23,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_logits
+from kuberl.runtime.models.lora import adapters_off
 
 
 def apply_fsdp(
@@ -184,8 +185,7 @@ class FSDPTrainer:
         `base_only`: with the LoRA adapters switched off, i.e. the base model (the KL reference of a LoRA run).
         """
         self.model.eval()
-        switched_off = self.model.disable_adapter() if base_only else contextlib.nullcontext()  # type: ignore[operator]
-        with switched_off:
+        with adapters_off(self.model) if base_only else contextlib.nullcontext():
             parts = [
                 self.response_logprobs(batch, rows, temperature, full_precision=full_precision)[0].cpu()
                 for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size)

@@ -20,6 +20,7 @@ How this departs from verl: verl syncs adapters to vLLM the same way (a tensor-c
 LoRARequest) but merges for SGLang; kuberl merges only when the adapter cannot express the model.
 """
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -71,10 +72,16 @@ def peft_config(lora: LoRASpec, model: torch.nn.Module | None = None) -> Any:
 
 def apply_lora(model: torch.nn.Module, lora: LoRASpec) -> torch.nn.Module:
     """`model` wrapped by PEFT: its weights frozen, fresh adapters (B = 0: the model is unchanged) trainable."""
+    import warnings
+
     from peft import get_peft_model
 
     try:
-        return get_peft_model(model, peft_config(lora, model))
+        with warnings.catch_warnings():
+            # PEFT warns that a head adapter on a tied head would change the embeddings when merged;
+            # lora_problems refuses those merges at start-up, and unmerged the adapter is exact.
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*", category=UserWarning)
+            return get_peft_model(model, peft_config(lora, model))
     except ValueError as error:  # PEFT names the modules it could not find
         raise ValueError(f"spec.models.actor.lora.targetModules: {error}") from error
 
@@ -84,6 +91,27 @@ def peft_config_dict(lora: LoRASpec) -> dict[str, Any]:
     the features; which layers carry adapters it takes from the tensors' names)."""
     config = peft_config(lora).to_dict()
     return {key: sorted(value) if isinstance(value, set) else value for key, value in config.items()}
+
+
+@contextlib.contextmanager
+def adapters_off(model: torch.nn.Module) -> Iterator[None]:
+    """The base model for the length of the block: every LoRA layer skips its adapter.
+
+    Not PEFT's `disable_adapter()`: that also flips `requires_grad` off and on again, and under FSDP2 it
+    flips it on whichever parameter objects a unit holds at the moment — the unsharded ones of the root
+    unit (which FSDP2 keeps after a forward) — so the head's adapter would come back frozen: no more
+    gradients, and left out of checkpoints as a frozen weight.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
 
 
 def sync_mode(spec: RLJobSpec) -> str | None:
@@ -206,12 +234,6 @@ def lora_problems(spec: RLJobSpec, actor_path: str) -> list[str]:
             "(tie_word_embeddings), so the merged head cannot be loaded without changing the embeddings; "
             "use sync: adapter (the adapter changes the head's output only), or a model with an untied head"
         )
-    if lora.train_head and lora.export_merged and head_is_tied(actor_path):
-        problems.append(
-            "spec.models.actor.lora.exportMerged with trainHead: the model's LM head is its embedding matrix "
-            "(tie_word_embeddings), and merging the head's adapter would change the embeddings too; "
-            "export the adapter only (exportMerged: false), or use a model with an untied head"
-        )
     return problems
 
 
@@ -245,6 +267,12 @@ def save_adapter(
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_path)
+    if merged_directory is not None and lora.train_head and head_is_tied(base_path):
+        # merging the head's adapter into a head that is the embedding matrix would change the embeddings:
+        # the merged model gets a head of its own (vocab x hidden more parameters)
+        base.config.tie_word_embeddings = False
+        base.config.get_text_config().tie_word_embeddings = False
+        base.lm_head.weight = torch.nn.Parameter(base.lm_head.weight.detach().clone())
     with torch.random.fork_rng(devices=[]):
         model = apply_lora(base, lora)
     targets = {adapter_name(name): p for name, p in model.named_parameters() if is_trainable_name(name)}

@@ -147,3 +147,19 @@ def test_a_null_that_turns_a_default_off_survives_the_round_trip(minimal_manifes
     assert parse_rljob(manifest) == job
     # a null that only means "not set" stays out of the YAML
     assert "critic" not in parse_rljob(minimal_manifest).to_manifest()["spec"]["models"]  # type: ignore[index]
+
+
+def test_lora_defaults_and_refusals_name_the_field(minimal_manifest):
+    manifest = copy.deepcopy(minimal_manifest)
+    manifest["spec"]["models"]["actor"]["lora"] = {}
+    lora = parse_rljob(manifest).spec.models.actor.lora
+    assert (lora.rank, lora.alpha, lora.dropout, lora.target_modules) == (8, 16, 0.0, ["all-linear"])
+    assert (lora.train_head, lora.sync, lora.export_merged) == (False, "adapter", False)
+    assert parse_rljob(minimal_manifest).spec.models.actor.lora is None  # a full fine-tune by default
+    manifest["spec"]["models"]["actor"]["lora"] = {"rank": 0, "targetModules": [], "sync": "tensors"}
+    problems = problems_of(manifest)
+    assert {
+        "spec.models.actor.lora.rank",
+        "spec.models.actor.lora.targetModules",
+        "spec.models.actor.lora.sync",
+    } <= set(problems), problems

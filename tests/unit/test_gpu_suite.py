@@ -1,0 +1,72 @@
+"""bench/gpu: the GPU suite's parts that need no GPU — the model shapes, the FLOP count, the table, the plan —
+and the script itself, which on a machine without CUDA prints every row skipped with the reason."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
+
+import qwen  # noqa: E402
+import suite  # noqa: E402
+from table import MISSED, OK, SKIPPED, Row, format_table, judge  # noqa: E402
+
+
+@pytest.mark.parametrize(("size", "published"), [("0.5B", 494_032_768), ("1.5B", 1_543_714_304)])
+def test_qwen25_shapes_have_the_published_parameter_counts(size: str, published: int) -> None:
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(qwen.qwen25_config(size))
+    assert qwen.shape(size).parameters == published == sum(p.numel() for p in model.parameters())
+
+
+def test_update_flops_follow_palms_count() -> None:
+    s = qwen.shape("0.5B")
+    # per token: 6 x matmul parameters + 12 x layers x hidden x sequence (2 sequences of 1024 tokens)
+    expected = 6 * s.matmul_parameters * 2048 + 12 * 24 * 896 * 1024 * 2048
+    assert qwen.update_flops(s, 2, 1024) == expected
+    # the embedding lookup is no matmul, the tied head is: 0.494B - 24 x 2 norms x 896 - the final norm
+    assert s.matmul_parameters == s.parameters - 24 * 2 * 896 - 896
+
+
+def test_peak_flops_by_device_name() -> None:
+    assert qwen.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert qwen.peak_flops("NVIDIA GeForce GTX 1080") is None
+
+
+def test_rows_are_judged_against_their_aim() -> None:
+    assert judge(Row("sync", "0.5B", 1.2, "s", 1.0, "d2d copy", "<= 1.5x")).status == OK
+    assert judge(Row("sync", "0.5B", 1.6, "s", 1.0, "d2d copy", "<= 1.5x")).status == MISSED
+    assert judge(Row("rollout", "0.5B", 94.0, "%", aim=">= 95%")).status == MISSED
+    assert judge(Row("mfu", "1.5B", 41.0, "%", aim=">= 35%")).status == OK
+    table = format_table([Row("sync", "0.5B", 1.2, "s", 1.0, "d2d copy", "<= 1.5x")]).splitlines()
+    assert table[2] == "| sync | 0.5B | 1.2 s | 1 (d2d copy) | 1.20x | <= 1.5x | ok |  |"
+
+
+def test_multi_gpu_items_are_skipped_with_the_reason_on_one_gpu() -> None:
+    rows = suite.two_rank_rows(REPO, "1.5B", gpus=1)
+    assert [r.status for r in rows] == [SKIPPED, SKIPPED] and all("needs 2 GPUs, 1 visible" in r.note for r in rows)
+
+
+def test_step_seconds_is_the_median_interval_after_the_first_step() -> None:
+    assert suite.step_seconds([{"end": 10.0}, {"end": 12.0}, {"end": 15.0}, {"end": 16.0}]) == 2.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the script measures instead")
+def test_the_script_without_cuda_prints_the_plan_with_every_row_skipped_and_why() -> None:
+    run = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu" / "run.sh"), "--models", "0.5B,1.5B"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    items = [(r.split("|")[1].strip(), r.split("|")[2].strip()) for r in rows]
+    assert items == suite.planned_items(["0.5B", "1.5B"], 0)
+    assert all("| skipped | no CUDA device on this machine" in r for r in rows)
