@@ -143,7 +143,9 @@ def engine_rows(size: str, model_dir: Path, repeats: int) -> list[Row]:
         rows.append(
             judge(Row("sync", size, sync_s, "s", floor_s, "d2d copy", "<= 1.5x", note=f"{nbytes / GIB:.2f} GiB bf16"))
         )
-        del trainer, tensors, targets
+        tensors.clear()
+        targets.clear()
+        del trainer
         torch.cuda.empty_cache()
 
         # rollout: kuberl's generate against raw LLM.generate with kuberl's own vLLM settings
@@ -227,12 +229,12 @@ def nccl_group(rank: int = 0, world: int = 1, port: int | None = None) -> Iterat
 def update_seconds(model_dir: Path, world: int, sequences: int, prompt: int, response: int, repeats: int) -> float:
     """Seconds of one `update_policy` on this rank (bf16 FSDP2 mixed precision, fp32 AdamW), best of `repeats`."""
     import torch
+    from transformers import AutoModelForCausalLM
 
     from kuberl.api.spec import OptimizerSpec
     from kuberl.runtime.batch import RolloutBatch
     from kuberl.runtime.engines.fsdp import FSDPTrainer
     from kuberl.runtime.updates import UpdateConfig, update_policy
-    from transformers import AutoModelForCausalLM
 
     cuda = torch.device("cuda", torch.cuda.current_device())
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
