@@ -41,7 +41,13 @@ def export_hf(checkpoint_dir: str, base_model_path: str, out_dir: str, name: str
 
     source = Location(checkpoint_dir).child(name)
     reader = dcp_reader(source.uri)
-    dtype = checkpoint_dtype(reader.read_metadata())
+    metadata = reader.read_metadata()
+    if any(".lora_A." in key for key in metadata.state_dict_metadata):
+        raise ValueError(
+            f"{source.uri} holds LoRA adapters (spec.models.actor.lora), not a whole model; the run exports the "
+            "adapter to <output>/model (and, with lora.exportMerged, the merged model to <output>/model-merged)"
+        )
+    dtype = checkpoint_dtype(metadata)
     config = AutoConfig.from_pretrained(base_model_path)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     aliases = tied_aliases(model)

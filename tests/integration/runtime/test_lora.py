@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
+from kuberl.runtime.checkpoint import export_hf
 from kuberl.runtime.main import run_job
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
@@ -61,6 +62,8 @@ def test_lora_grpo_demo_learns_syncs_the_adapter_and_saves_only_adapters(ray_ses
     assert keys and all(".lora_A." in key or ".lora_B." in key for key in keys if key.startswith("model.")), keys
     assert any(key.startswith("optimizer.state.") and ".lora_B." in key for key in keys)
     assert not any("embed_tokens" in key or "base_layer" in key for key in keys)
+    with pytest.raises(ValueError, match="holds LoRA adapters"):  # the offline exporter says what it holds
+        export_hf(str(tmp_path / "checkpoints" / "step-000016"), "unused", str(tmp_path / "offline-export"))
 
     # the export: a PEFT adapter folder, and the merged model that scores as base + adapter
     from peft import PeftModel
@@ -93,7 +96,7 @@ def test_engine_matches_the_lora_trainer_after_every_sync(ray_session, tmp_path,
             "rollout.engine": "vllm",
             "rollout.verifySync": True,
             "rollout.verifySyncTolerance": TOLERANCE,
-            "training.totalSteps": 3,
+            "training.totalSteps": 2,
             "checkpoint.exportHf": False,
             **layout,
         }

@@ -134,3 +134,21 @@ def test_reference_is_the_base_model_with_the_adapters_off(demo_dir: Path) -> No
         expected = base(input_ids=ids).logits[0, 2:-1].log_softmax(-1).gather(-1, ids[0, 3:, None]).squeeze(-1)
     torch.testing.assert_close(trainer.logprobs(batch, 1.0, 8, base_only=True)[0], expected, atol=1e-6, rtol=0)
     assert (trainer.logprobs(batch, 1.0, 8)[0] - expected).abs().max() > 1e-3  # the adapter is on otherwise
+
+
+def test_rank_alpha_and_dropout_reach_the_adapters(demo_dir: Path) -> None:
+    from kuberl.runtime.models.lora import lora_scalings
+
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(demo_dir), LoRASpec(rank=2, alpha=8, dropout=0.5))
+    a = dict(model.named_parameters())["base_model.model.model.layers.0.mlp.up_proj.lora_A.default.weight"]
+    assert a.shape == (2, 128)  # rank x hidden
+    assert set(lora_scalings(model).values()) == {4.0}  # alpha / rank
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.1)
+        ids = torch.tensor([[5, 6, 7, 8]])
+        model.train()  # dropout on the adapters' input: two passes differ
+        assert not torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
+        model.eval()
+        assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
