@@ -113,19 +113,9 @@ class HFRolloutEngine:
         target = torch.tensor(response, device=self.device)  # (R,)
         return logits.log_softmax(-1).gather(-1, target[:, None]).squeeze(-1).tolist()
 
-    @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> int:
-        params = dict(self.model.named_parameters())
-        loaded = 0
-        for name, tensor in weights:
-            target = params.get(name)
-            if target is None:
-                raise KeyError(f"the rollout model has no parameter {name!r}")
-            target.copy_(tensor)
-            loaded += tensor.numel() * tensor.element_size()
-        return loaded
+        return copy_into(dict(self.model.named_parameters()), weights, "parameter")
 
-    @torch.no_grad()
     def load_adapter(self, weights: Iterable[tuple[str, Tensor]]) -> int:
         """Copy LoRA adapter tensors (saved-adapter names, `models.lora.adapter_name`) into this engine's
         PEFT model in place; returns the bytes loaded. The model must be wrapped with the same LoRA config."""
@@ -134,17 +124,23 @@ class HFRolloutEngine:
         targets = {adapter_name(name): p for name, p in self.model.named_parameters() if is_trainable_name(name)}
         if not targets:
             raise RuntimeError("load_adapter: the hf engine's model has no LoRA adapter (spec.models.actor.lora)")
-        loaded = 0
-        for name, tensor in weights:
-            target = targets.get(name)
-            if target is None:
-                raise KeyError(f"the rollout model has no adapter tensor {name!r}")
-            target.copy_(tensor)
-            loaded += tensor.numel() * tensor.element_size()
-        return loaded
+        return copy_into(targets, weights, "adapter tensor")
 
     def sleep(self) -> None:
         """Nothing to release: the HF engine's KV cache lives only inside `generate`."""
 
     def wake_up(self) -> None:
         """See `sleep`."""
+
+
+@torch.no_grad()
+def copy_into(targets: dict[str, Tensor], weights: Iterable[tuple[str, Tensor]], what: str) -> int:
+    """Copy each named tensor into the target of that name in place; returns the bytes copied."""
+    loaded = 0
+    for name, tensor in weights:
+        target = targets.get(name)
+        if target is None:
+            raise KeyError(f"the rollout model has no {what} {name!r}")
+        target.copy_(tensor)
+        loaded += tensor.numel() * tensor.element_size()
+    return loaded
