@@ -7,6 +7,9 @@ controller guarantees by giving each rank an equal number of rows.
 Loss values are each rank's *contribution* to the loss of the whole mini-batch (global token
 and sequence counts in the denominators), and gradients are summed across ranks instead of
 averaged, so a 2-rank update equals a single-process update on the unsharded batch.
+
+A LoRA actor (`models.lora`) is a PEFT model: FSDP2 shards it the same way (the decoder layers are
+the wrapped model's), only the adapters require gradients, and only they get optimiser state.
 """
 
 import contextlib

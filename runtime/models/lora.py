@@ -17,7 +17,9 @@ sends one of three payloads, chosen by `sync_mode` from the spec alone:
 The payloads are pure functions over a stream of `(PEFT parameter name, full tensor)` pairs, so
 the same code serves one process and FSDP2 ranks (whose stream is a sequence of all-gathers).
 How this departs from verl: verl syncs adapters to vLLM the same way (a tensor-carrying
-LoRARequest) but merges for SGLang; kuberl merges only when the adapter cannot express the model.
+LoRARequest) and merges for engines without adapter loading; kuberl offers both on every engine
+and lets the job choose (`lora.sync`). The KL reference of a LoRA actor is the same model with the
+adapters switched off (`adapters_off`), as in verl and TRL: no second copy of the weights.
 """
 
 import contextlib
