@@ -5,7 +5,7 @@ Our own loop rather than `model.generate` because a run must replay: every call 
 sampled token comes back with it.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -134,7 +134,7 @@ class HFRolloutEngine:
 
 
 @torch.no_grad()
-def copy_into(targets: dict[str, Tensor], weights: Iterable[tuple[str, Tensor]], what: str) -> int:
+def copy_into(targets: Mapping[str, Tensor], weights: Iterable[tuple[str, Tensor]], what: str) -> int:
     """Copy each named tensor into the target of that name in place; returns the bytes copied."""
     loaded = 0
     for name, tensor in weights:
