@@ -231,10 +231,6 @@ class CheckpointStore:
     def load_train_state(self, ref: CheckpointRef) -> dict[str, Any]:
         return dict(json.loads(Location(ref.uri).child(TRAIN_STATE).read_bytes()))
 
-    def load_job_manifest(self, ref: CheckpointRef) -> dict[str, Any]:
-        """The RLJob manifest the checkpoint was written with (to refuse an unsafe spec change on resume)."""
-        return dict(yaml.safe_load(Location(ref.uri).child(JOB_MANIFEST).read_bytes()))
-
     # -- cleaning -----------------------------------------------------------------------------------
     def remove_unfinished(self) -> None:
         """Delete what crashed saves left: .tmp- folders, and on object stores step folders without a marker.

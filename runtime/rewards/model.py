@@ -11,15 +11,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from kuberl.runtime.models.dtypes import torch_dtype
 
 
 class RewardModelScorer:
     """Scores (prompt, completion) pairs with a sequence-classification model (num_labels=1)."""
 
     def __init__(self, path: Path, dtype: str = "float32", batch_size: int = 16, device: str = "cpu") -> None:
-        if dtype not in _DTYPES:
-            raise ValueError(f"reward model dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+        weights_dtype = torch_dtype(dtype, "reward model dtype")
         if batch_size < 1:
             raise ValueError(f"reward model batch_size {batch_size}; must be >= 1")
         self.batch_size = batch_size
@@ -28,7 +27,7 @@ class RewardModelScorer:
         self.tokenizer.padding_side = "right"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=_DTYPES[dtype])
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=weights_dtype)
         if self.model.config.num_labels != 1:
             raise ValueError(
                 f"reward model {path} has num_labels={self.model.config.num_labels}; "

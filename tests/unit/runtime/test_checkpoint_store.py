@@ -20,11 +20,12 @@ from typing import Any
 
 import fsspec
 import pytest
+import yaml
 
 from kuberl.api.spec import CheckpointSpec
 from kuberl.runtime.checkpoint import CheckpointError, CheckpointStore, PreemptionWatcher, should_save
 from kuberl.runtime.checkpoint.storage import Location, storage_options
-from kuberl.runtime.checkpoint.store import LATEST, MARKER, TRAIN_STATE
+from kuberl.runtime.checkpoint.store import JOB_MANIFEST, LATEST, MARKER, TRAIN_STATE
 from kuberl.runtime.status_publisher import KubernetesStatusPublisher, StatusPublisher, status_metrics
 
 JOB = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "demo"}}
@@ -68,7 +69,7 @@ def test_committed_checkpoint_is_the_latest_with_its_train_state(root: str):
     ref = store.latest()
     assert ref is not None and ref.step == 10 and ref.uri.endswith("step-000010")
     assert store.load_train_state(ref) == {"epoch": 0, "history": [{"step": 10}], "step": 10}
-    assert store.load_job_manifest(ref) == JOB
+    assert yaml.safe_load(Location(ref.uri).child(JOB_MANIFEST).read_bytes()) == JOB
 
 
 def test_a_save_is_invisible_until_commit(root: str):
