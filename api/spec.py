@@ -7,6 +7,7 @@ from pydantic_core import PydanticCustomError
 
 from kuberl.api.algorithm import ALGORITHM_PRESETS, AlgorithmSpec
 from kuberl.api.base import KuberlModel
+from kuberl.api.contract import CHECKPOINT_MOUNT_DIR
 from kuberl.api.enums import (
     ComputeDType,
     DType,
@@ -341,10 +342,12 @@ class CheckpointSpec(KuberlModel):
     uri: str | None = Field(
         None,
         description="Checkpoint location: a path (inside pvcClaimName's mount on Kubernetes) or s3://bucket/prefix. "
-        "Default: <output dir>/checkpoints locally, /checkpoints on the claim on Kubernetes.",
+        f"Default: <output dir>/checkpoints locally, {CHECKPOINT_MOUNT_DIR} on the claim on Kubernetes.",
     )
     pvc_claim_name: str | None = Field(
-        None, pattern=DNS_LABEL_PATTERN, description="PersistentVolumeClaim mounted at /checkpoints in every pod."
+        None,
+        pattern=DNS_LABEL_PATTERN,
+        description=f"PersistentVolumeClaim mounted at {CHECKPOINT_MOUNT_DIR} in every pod.",
     )
     secret_ref: str | None = Field(
         None,
@@ -356,7 +359,12 @@ class CheckpointSpec(KuberlModel):
     interval_minutes: float | None = Field(None, gt=0, description="Also save when this much time passed.")
     keep_last: int = Field(3, ge=1, le=1000, description="Complete checkpoints kept; the newest is never deleted.")
     save_on_preemption: bool = Field(True, description="On SIGTERM, save before exiting (within the grace period).")
-    resume: bool = Field(True, description="Resume from the latest complete checkpoint at start.")
+    resume: bool = Field(
+        True,
+        description="Resume from the latest complete checkpoint at start. false: start fresh, refusing a location "
+        "that already holds checkpoints; restarts of the same run (the operator's after a failure, suspend or "
+        "spec change, or `kuberl run --resume`) still resume.",
+    )
     export_hf: bool = Field(True, description="Export the final actor as a Hugging Face model folder.")
 
     @field_validator("uri")

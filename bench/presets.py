@@ -60,9 +60,16 @@ def main() -> int:
     import ray
 
     from kuberl.api import parse_rljob
-    from kuberl.runtime.main import run_job
+    from kuberl.runtime.driver import run_job
+    from kuberl.runtime.workers.launch import shared_ray_resources
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        num_cpus=4,
+        resources=shared_ray_resources(),
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     rows = []
     try:
         for preset in args.presets:

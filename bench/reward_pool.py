@@ -36,13 +36,14 @@ def burst(n: int) -> tuple[list[str], list[str], list[dict[str, Any]]]:
 
 def run_burst(name: str, low: int, high: int, replicas: int, args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from kuberl.api.resources import RoleResources
+    from kuberl.api.topology import reward_group
     from kuberl.runtime.rewards.autoscale import ScalePolicy
     from kuberl.runtime.rewards.pool import RewardPool
 
     resources = RoleResources(replicas=replicas, minReplicas=low, maxReplicas=high, cpus=args.cpus)
     policy = ScalePolicy(target_wait_s=args.target_wait, idle_release_s=args.idle_release, start_timeout_s=120)
     manifest = {"function": f"{REWARD_MODULE}:slow_score", "batchSize": args.batch_size}
-    pool = RewardPool(manifest, None, resources, policy=policy)
+    pool = RewardPool(manifest, None, reward_group(resources), policy=policy)
     started_with = pool.size
     started = time.perf_counter()
     results = pool.score(*burst(args.samples))
@@ -76,10 +77,13 @@ def main() -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
+    from kuberl.runtime.workers.launch import shared_ray_resources
+
     module_dir = Path(tempfile.mkdtemp(prefix="kuberl-bench-"))
     (module_dir / f"{REWARD_MODULE}.py").write_text(REWARD_SOURCE.format(seconds=args.seconds_per_sample))
     ray.init(
         num_cpus=max(2, int(args.cpus * args.max + 1.999)),
+        resources=shared_ray_resources(),
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,

@@ -45,7 +45,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from kuberl.api import parse_rljob
-    from kuberl.runtime.main import run_job
+    from kuberl.runtime.driver import run_job
 
     job = parse_rljob(job_manifest(args))
     with tempfile.TemporaryDirectory() as out:

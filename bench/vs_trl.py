@@ -217,7 +217,7 @@ def run_kuberl_child(work: Workload, config: Config) -> ChildResult:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from kuberl.api import parse_rljob
     from kuberl.runtime import controller as controller_module
-    from kuberl.runtime.main import run_job
+    from kuberl.runtime.driver import run_job
 
     ends: list[tuple[float, float, float]] = []  # (start, end, tree CPU seconds at the end) per step
     inner_step = controller_module.Controller.step

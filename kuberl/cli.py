@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kuberl import __version__
+from kuberl.api.contract import add_runtime_options, runtime_args_of
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -62,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return int(run_from_cli(args))
+    return int(run_from_cli(runtime_args_of(args)))
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -96,9 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     crds.set_defaults(func=cmd_crds)
 
     run = sub.add_parser("run", help="run an RLJob on this machine (starts a local Ray)")
-    run.add_argument("spec", help="RLJob YAML file")
-    run.add_argument("--output", help="directory for everything the run writes (default: runs/<job name>/)")
-    run.add_argument("--address", help="join this Ray cluster instead of starting one")
+    add_runtime_options(run, spec_positional=True)  # the runtime's own options (api/contract.py)
     run.set_defaults(func=cmd_run)
 
     operator = sub.add_parser("operator", help="run the kopf operator against the current kube context")

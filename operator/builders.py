@@ -1,17 +1,17 @@
 """Pure builders of the objects the operator owns: the spec ConfigMap and the KubeRay RayJob.
 
 Every builder is a function of the parsed RLJob and a few plain values (owner identity, index,
-image); no clock, no API calls. The RayJob's Ray cluster has a head group (it runs the
-controller: the driver started by the entrypoint) and one worker group per role in
-`spec.resources` (the actor always; critic, reference, reward and rollout when given). Each
-worker group's `rayStartParams.resources` declares a custom Ray resource only that group offers
-(`kuberl_<role>`, RAY_RESOURCE_UNITS units per pod) so the runtime pins a role's actors to its
-group with `.options(resources={"kuberl_<role>": 1})`. Elastic roles (minReplicas < maxReplicas)
-turn on KubeRay's in-tree autoscaler; the RayJob is never re-applied once created, so replica
-counts the autoscaler moves are never fought over.
+image); no clock, no API calls. The RayJob's Ray cluster is rendered from the job's topology
+(api/topology.py `plan_topology`, the same one the runtime places its actors by): a head group (it
+runs the controller, the driver started by the entrypoint) and one worker group per pool. Each
+group's `rayStartParams.resources` offers its pool's custom Ray resource (`kuberl_<pool>`), one unit
+per actor the topology puts on one pod, so the runtime's actors land only on their own pool's pods.
+Elastic pools (minReplicas < maxReplicas) turn on KubeRay's in-tree autoscaler; the RayJob is never
+re-applied once created, so replica counts the autoscaler moves are never fought over.
 
-The entrypoint is an argument list joined with shlex.join: KubeRay hands it to a shell
-(`ray job submit ... -- <entrypoint>`), and no user string is ever pasted into it.
+The entrypoint is the runtime's command line (api/contract.py `runtime_command`) joined with
+shlex.join: KubeRay hands it to a shell (`ray job submit ... -- <entrypoint>`), and no user string is
+ever pasted into it. Mounts and environment names come from api/contract.py too.
 """
 
 import json
@@ -21,14 +21,12 @@ from typing import Any
 
 import yaml
 
-from kuberl.api import KIND, RLJob
-from kuberl.api.enums import Role
+from kuberl.api import KIND, RLJob, contract
 from kuberl.api.resources import RoleResources
+from kuberl.api.topology import Pool, plan_topology
 from kuberl.operator import names
 from kuberl.operator.pods import container_resources, merge
 
-#: Units of its group's custom Ray resource each worker pod offers (actors ask for 1, or a fraction).
-RAY_RESOURCE_UNITS = 1000
 #: Ports of the Ray head (KubeRay's defaults, spelled out).
 HEAD_PORTS = (
     {"containerPort": 6379, "name": "gcs"},
@@ -91,7 +89,7 @@ def spec_manifest(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, 
 
 
 def build_configmap(owner: Owner, spec: dict[str, Any], generation: int) -> dict[str, Any]:
-    """`<rljob>-spec`: the spec the current RayJob runs, mounted at SPEC_PATH in every pod."""
+    """`<rljob>-spec`: the spec the current RayJob runs, mounted at contract.SPEC_PATH in every pod."""
     text = yaml.safe_dump(spec_manifest(owner.name, owner.namespace, spec), sort_keys=False)
     return {
         "apiVersion": "v1",
@@ -99,7 +97,7 @@ def build_configmap(owner: Owner, spec: dict[str, Any], generation: int) -> dict
         "metadata": child_metadata(
             owner, names.configmap_name(owner.name), annotations={names.GENERATION_ANNOTATION: str(generation)}
         ),
-        "data": {names.SPEC_KEY: text},
+        "data": {contract.SPEC_KEY: text},
     }
 
 
@@ -108,7 +106,7 @@ def configmap_spec(configmap: dict[str, Any] | None) -> dict[str, Any] | None:
     if configmap is None:
         return None
     try:
-        manifest = yaml.safe_load(configmap.get("data", {}).get(names.SPEC_KEY, ""))
+        manifest = yaml.safe_load(configmap.get("data", {}).get(contract.SPEC_KEY, ""))
     except yaml.YAMLError:
         return None
     spec = manifest.get("spec") if isinstance(manifest, dict) else None
@@ -116,37 +114,33 @@ def configmap_spec(configmap: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def runtime_args(resume: bool) -> list[str]:
-    """The runtime's command line; `--resume` makes it start from the latest committed checkpoint."""
-    return ["python", "-m", "kuberl.runtime", "--spec", names.SPEC_PATH, *(["--resume"] if resume else [])]
+    """The runtime's command line on the mounted spec; `--resume` marks a restart of the same run."""
+    return contract.runtime_command(contract.RuntimeArgs(spec=contract.SPEC_PATH, resume=resume))
 
 
 def entrypoint(resume: bool) -> str:
     return shlex.join(runtime_args(resume))
 
 
-def role_pools(job: RLJob) -> list[tuple[Role, RoleResources]]:
-    """The roles with a pool of their own, actor first; the others share the actor's pool."""
-    pools = [(role, getattr(job.spec.resources, role.value)) for role in Role]
-    return [(role, pool) for role, pool in pools if pool is not None]
-
-
-def ray_start_resources(role: Role) -> str:
-    """KubeRay's format for custom resources: a JSON object inside a quoted string, `"{\\"kuberl_actor\\": 1000}"`."""
-    return json.dumps(json.dumps({names.ray_resource_name(role.value): RAY_RESOURCE_UNITS}))
+def ray_start_params(pool: Pool) -> dict[str, str]:
+    """The pool's custom resource in KubeRay's format: a JSON object inside a quoted string,
+    `"{\\"kuberl_actor\\": 8}"`. Nothing when the pool holds no actor."""
+    offered = {name: int(units) for name, units in pool.offered_resources.items()}
+    return {"resources": json.dumps(json.dumps(offered))} if offered else {}
 
 
 def pod_env(job: RLJob, role: str) -> list[dict[str, Any]]:
     """Values go into env entries (never into a command line); the user's come after kuberl's own."""
     own: list[dict[str, Any]] = [
-        {"name": "KUBERL_JOB_NAME", "value": job.metadata.name},
-        {"name": "KUBERL_JOB_NAMESPACE", "value": job.metadata.namespace or ""},
-        {"name": "KUBERL_ROLE", "value": role},
+        {"name": contract.JOB_NAME_ENV, "value": job.metadata.name},
+        {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata.namespace or ""},
+        {"name": contract.ROLE_ENV, "value": role},
     ]
     endpoint = job.spec.reward.endpoint
     if endpoint is not None and endpoint.secret_ref is not None:
         own.append(
             {
-                "name": "KUBERL_REWARD_ENDPOINT_TOKEN",
+                "name": contract.REWARD_ENDPOINT_TOKEN_ENV,
                 "valueFrom": {"secretKeyRef": {"name": endpoint.secret_ref, "key": "token"}},
             }
         )
@@ -163,11 +157,11 @@ def pod_env_from(job: RLJob) -> list[dict[str, Any]]:
 def pod_volumes(job: RLJob, configmap: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volumeMounts): the spec ConfigMap in every pod, and the checkpoint claim when given."""
     volumes: list[dict[str, Any]] = [{"name": SPEC_VOLUME, "configMap": {"name": configmap}}]
-    mounts: list[dict[str, Any]] = [{"name": SPEC_VOLUME, "mountPath": names.SPEC_MOUNT_DIR, "readOnly": True}]
+    mounts: list[dict[str, Any]] = [{"name": SPEC_VOLUME, "mountPath": contract.SPEC_MOUNT_DIR, "readOnly": True}]
     claim = job.spec.checkpoint.pvc_claim_name
     if claim is not None:
         volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
-        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": names.CHECKPOINT_MOUNT_DIR})
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": contract.CHECKPOINT_MOUNT_DIR})
     return volumes, mounts
 
 
@@ -209,36 +203,37 @@ def pod_template(
     return template
 
 
-def worker_group(
-    job: RLJob, role: Role, pool: RoleResources, image: str, service_account: str | None = None
-) -> dict[str, Any]:
-    """One Ray worker group for a role: replicas, the autoscaler's bounds, and its pods."""
-    low, high = (pool.effective_min, pool.effective_max) if pool.is_elastic else (pool.replicas, pool.replicas)
+def worker_group(job: RLJob, pool: Pool, image: str, service_account: str | None = None) -> dict[str, Any]:
+    """One Ray worker group for a pool: its pods, the autoscaler's bounds, and the resource it offers."""
+    size: RoleResources = getattr(job.spec.resources, pool.name)  # placement constraints and podTemplate
     return {
-        "groupName": role.value,
-        "replicas": pool.replicas,
-        "minReplicas": low,
-        "maxReplicas": high,
-        "rayStartParams": {"resources": ray_start_resources(role)},
+        "groupName": pool.name,
+        "replicas": pool.pods,
+        "minReplicas": pool.min_pods,
+        "maxReplicas": pool.max_pods,
+        "rayStartParams": ray_start_params(pool),
         "template": pod_template(
             job,
-            role=role.value,
+            role=pool.name,
             container="ray-worker",
             image=image,
             resources=container_resources(pool),
-            pool=pool,
+            pool=size,
             service_account=service_account,
         ),
     }
 
 
-def head_group(job: RLJob, image: str, cpu: str, memory: str, service_account: str | None = None) -> dict[str, Any]:
+def head_group(
+    job: RLJob, pool: Pool, image: str, cpu: str, memory: str, service_account: str | None = None
+) -> dict[str, Any]:
+    """The head: it runs the controller, and the actors the topology puts beside it (a reward without a pool)."""
     amounts = {"cpu": cpu, "memory": memory}
     return {
-        "rayStartParams": {"dashboard-host": "0.0.0.0"},
+        "rayStartParams": {"dashboard-host": "0.0.0.0", **ray_start_params(pool)},
         "template": pod_template(
             job,
-            role="head",
+            role=pool.name,
             container="ray-head",
             image=image,
             resources={"requests": dict(amounts), "limits": dict(amounts)},
@@ -259,9 +254,10 @@ def build_rayjob(
     head_memory: str = "4Gi",
     service_account: str | None = None,
 ) -> dict[str, Any]:
-    """RayJob `<rljob>-<index>`: the runtime on a Ray cluster with one worker group per role; index > 0 resumes."""
+    """RayJob `<rljob>-<index>`: the runtime on a Ray cluster with one worker group per pool; index > 0 is a
+    restart of the same run (the runtime resumes from the latest checkpoint)."""
     image = job.spec.image or default_image
-    pools = role_pools(job)
+    topology = plan_topology(job.spec)
     marks = {names.RESTART_LABEL: str(index)}
     return {
         "apiVersion": names.RAY_API_VERSION,
@@ -276,18 +272,26 @@ def build_rayjob(
             "entrypoint": entrypoint(resume=index > 0),
             "shutdownAfterJobFinishes": True,
             "rayClusterSpec": {
-                "enableInTreeAutoscaling": any(pool.is_elastic for _, pool in pools),
-                "headGroupSpec": head_group(job, image, head_cpu, head_memory, service_account),
-                "workerGroupSpecs": [worker_group(job, role, pool, image, service_account) for role, pool in pools],
+                "enableInTreeAutoscaling": any(pool.elastic for pool in topology.worker_pools),
+                "headGroupSpec": head_group(job, topology.head, image, head_cpu, head_memory, service_account),
+                "workerGroupSpecs": [worker_group(job, pool, image, service_account) for pool in topology.worker_pools],
             },
         },
     }
 
 
 def build_event(
-    owner: Owner, *, kind: str, reason: str, message: str, time: str, instance: str, component: str = "kuberl-operator"
+    owner: Owner,
+    *,
+    kind: str,
+    reason: str,
+    message: str,
+    time: str,
+    instance: str,
+    component: str = names.FIELD_MANAGER,
 ) -> dict[str, Any]:
-    """A core/v1 Event about the RLJob (`kubectl describe rljob` lists it)."""
+    """A core/v1 Event about the RLJob (`kubectl describe rljob` lists it); the operator's name, its field
+    manager, is the reporting component."""
     return {
         "apiVersion": "v1",
         "kind": "Event",

@@ -4,25 +4,20 @@ A RayJob is `<rljob>-<index>`, where the index counts the job's RayJobs (0 for t
 restart from a checkpoint, resume after suspend or accepted spec change takes the next one). The
 current name is written into `status.rayJobName` before the RayJob is created, so a pass that dies
 between the two finds the name and creates exactly that RayJob. The spec ConfigMap is `<rljob>-spec`.
+What the runtime must find in the pods (mounts, environment, Ray resources) is in api/contract.py.
 """
 
 from kuberl.api import GROUP, PLURAL, VERSION
+from kuberl.api.contract import OPERATOR_FIELD_MANAGER
 
 #: The one field manager the operator writes with (server-side apply), so fields others own survive.
-FIELD_MANAGER = "kuberl-operator"
+FIELD_MANAGER = OPERATOR_FIELD_MANAGER
 #: Label on every child: the RLJob it belongs to (also the selector the operator lists children by).
 JOB_LABEL = "kuberl.io/job"
 #: Label and annotation on a RayJob: its index; above 0 the runtime resumes from the latest checkpoint.
 RESTART_LABEL = "kuberl.io/restart"
 #: Annotation on children: the RLJob metadata.generation whose spec they were built from.
 GENERATION_ANNOTATION = "kuberl.io/generation"
-#: Where the ConfigMap is mounted in every pod, and the key holding the RLJob manifest.
-SPEC_MOUNT_DIR = "/etc/kuberl"
-SPEC_KEY = "rljob.yaml"
-SPEC_PATH = f"{SPEC_MOUNT_DIR}/{SPEC_KEY}"
-#: Where spec.checkpoint.pvcClaimName is mounted in every pod.
-CHECKPOINT_MOUNT_DIR = "/checkpoints"
-
 RAY_GROUP, RAY_VERSION = "ray.io", "v1"
 RAY_API_VERSION = f"{RAY_GROUP}/{RAY_VERSION}"
 RLJOB_API_VERSION = f"{GROUP}/{VERSION}"
@@ -50,11 +45,6 @@ def next_rayjob_name(job: str, current: str | None) -> str:
 def configmap_name(job: str) -> str:
     """`tiny-grpo` -> `tiny-grpo-spec`."""
     return f"{job}-spec"
-
-
-def ray_resource_name(role: str) -> str:
-    """The custom Ray resource only the role's worker group offers: `reward` -> `kuberl_reward`."""
-    return f"kuberl_{role}"
 
 
 def rljob_path(namespace: str, name: str | None = None) -> str:

@@ -7,11 +7,20 @@ other list is replaced by the override's.
 """
 
 import copy
-from typing import Any
-
-from kuberl.api.resources import RoleResources
+from typing import Any, Protocol
 
 GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class PodSize(Protocol):
+    """What one pod is given: a topology Pool, or the spec.resources entry it was made from."""
+
+    @property
+    def cpus(self) -> float: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def memory(self) -> str | None: ...
 
 
 def cpu_quantity(cpus: float) -> str:
@@ -21,7 +30,7 @@ def cpu_quantity(cpus: float) -> str:
     return f"{round(cpus * 1000)}m"
 
 
-def container_resources(pool: RoleResources) -> dict[str, dict[str, Any]]:
+def container_resources(pool: PodSize) -> dict[str, dict[str, Any]]:
     """Requests equal limits (Guaranteed QoS): CPU, memory when set, and `nvidia.com/gpu` when the role has GPUs."""
     amounts: dict[str, Any] = {"cpu": cpu_quantity(pool.cpus)}
     if pool.memory is not None:

@@ -1,4 +1,5 @@
-"""The operator's own settings: flags from `kuberl operator`, the rest from environment variables.
+"""The operator's own settings: flags from `kuberl operator`, the rest from environment variables
+(their names are in api/contract.py; the Helm chart sets them).
 
 - KUBERL_RUNTIME_IMAGE (ghcr.io/kuberl/runtime:<kuberl version>): the image of jobs without spec.image.
 - KUBERL_RESYNC_SECONDS (300): every RLJob is reconciled at least this often (a kopf timer). It is a
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kuberl import __version__
+from kuberl.api import contract
 
 
 def default_runtime_image(version: str = __version__) -> str:
@@ -55,19 +57,19 @@ class OperatorSettings:
     ) -> "OperatorSettings":
         env = os.environ if env is None else env
         return cls(
-            runtime_image=env.get("KUBERL_RUNTIME_IMAGE") or default_runtime_image(),
-            resync_seconds=float(env.get("KUBERL_RESYNC_SECONDS", "300")),
-            workers=int(env.get("KUBERL_RECONCILE_WORKERS", "16")),
-            head_cpu=env.get("KUBERL_HEAD_CPU", "1"),
-            head_memory=env.get("KUBERL_HEAD_MEMORY", "4Gi"),
-            runtime_service_account=env.get("KUBERL_RUNTIME_SERVICE_ACCOUNT") or None,
+            runtime_image=env.get(contract.RUNTIME_IMAGE_ENV) or default_runtime_image(),
+            resync_seconds=float(env.get(contract.RESYNC_SECONDS_ENV, "300")),
+            workers=int(env.get(contract.RECONCILE_WORKERS_ENV, "16")),
+            head_cpu=env.get(contract.HEAD_CPU_ENV, "1"),
+            head_memory=env.get(contract.HEAD_MEMORY_ENV, "4Gi"),
+            runtime_service_account=env.get(contract.RUNTIME_SERVICE_ACCOUNT_ENV) or None,
             namespaces=tuple(namespaces or ()),
             metrics_port=metrics_port,
             webhook_port=webhook_port,
-            webhook_host=env.get("KUBERL_WEBHOOK_HOST", "127.0.0.1"),
-            webhook_addr=env.get("KUBERL_WEBHOOK_ADDR", "0.0.0.0"),
-            webhook_service=env.get("KUBERL_WEBHOOK_SERVICE") or None,
-            webhook_cert=env.get("KUBERL_WEBHOOK_CERT") or None,
-            webhook_key=env.get("KUBERL_WEBHOOK_KEY") or None,
-            webhook_configuration=env.get("KUBERL_WEBHOOK_CONFIGURATION", "kuberl.io") or None,
+            webhook_host=env.get(contract.WEBHOOK_HOST_ENV, "127.0.0.1"),
+            webhook_addr=env.get(contract.WEBHOOK_ADDR_ENV, "0.0.0.0"),
+            webhook_service=env.get(contract.WEBHOOK_SERVICE_ENV) or None,
+            webhook_cert=env.get(contract.WEBHOOK_CERT_ENV) or None,
+            webhook_key=env.get(contract.WEBHOOK_KEY_ENV) or None,
+            webhook_configuration=env.get(contract.WEBHOOK_CONFIGURATION_ENV, "kuberl.io") or None,
         )

@@ -15,7 +15,7 @@ reward/mean, not in the critic's targets (batch.scored, batch.loss_mask).
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,11 +32,12 @@ from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.data import Prompt
 from kuberl.runtime.dynamic_sampling import DynamicSampler, filter_values
 from kuberl.runtime.engines.base import Generation, SamplingParams
+from kuberl.runtime.metrics import TOKENS_PER_SECOND
 from kuberl.runtime.plan import RunPlan
 from kuberl.runtime.step_metrics import reward_metrics, trained_batch_metrics
 from kuberl.runtime.updates import UpdateConfig, token_rewards_from_scores
 from kuberl.runtime.validation import Scored, validation_metrics
-from kuberl.runtime.workers.group import WorkerGroup
+from kuberl.runtime.workers.launch import Groups
 
 log = logging.getLogger(__name__)
 
@@ -59,19 +60,6 @@ class StepResult:
     step: int
     epoch: int
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Groups:
-    actor: WorkerGroup  # actor + colocated rollout (+ reference/critic when they have no pool of their own)
-    reward: Any  # the elastic RewardPool: score(prompts, completions, samples), metrics()
-    critic: WorkerGroup | None = None  # critic with a pool of its own
-    reference: WorkerGroup | None = None  # reference with a pool of its own
-    rollout: WorkerGroup | None = None  # rollout.mode separate: engine replicas fed by weight broadcast
-
-    def host(self, role: str) -> WorkerGroup:
-        own = {"critic": self.critic, "reference": self.reference}.get(role)
-        return own or self.actor
 
 
 class Controller:
@@ -165,9 +153,7 @@ class Controller:
         metrics.update(timings)
         metrics.update(self.groups.reward.metrics())
         metrics["time/step"] = sum(timings.values())
-        metrics["throughput/tokens_per_second"] = float(generated.response_mask.sum()) / max(
-            timings["time/rollout"], 1e-9
-        )
+        metrics[TOKENS_PER_SECOND] = float(generated.response_mask.sum()) / max(timings["time/rollout"], 1e-9)
         return StepResult(step, epoch, metrics)
 
     # -- stages -------------------------------------------------------------------------------------
@@ -347,20 +333,22 @@ class Controller:
         )
         batch.advantages, batch.returns = self.estimator(inputs)  # (N, R), (N, R)
 
-    def _layout_for_update(self, batch: RolloutBatch) -> RolloutBatch:
-        """Rows reordered so that rank r's contiguous shard holds its part of every mini-batch in order."""
-        world, minis = self.plan.actor_world_size, self.plan.mini_batches
+    def _layout_for_update(self, batch: RolloutBatch, world: int) -> RolloutBatch:
+        """Rows reordered so that rank r of `world` gets, as its contiguous shard, its part of every mini-batch."""
+        minis = self.plan.mini_batches
         mini_rows = len(batch) // minis
         part = mini_rows // world
         order = [m * mini_rows + r * part + i for r in range(world) for m in range(minis) for i in range(part)]
         return batch.select(order)
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
-        laid_out = self._layout_for_update(batch)
+        laid_out = self._layout_for_update(batch, self.plan.actor_world_size)
         metrics: dict[str, float] = {}
         if self.spec.models.critic is not None:
-            critic_group = self.groups.host("critic")
-            metrics.update(critic_group.call_sharded("update_critic", laid_out, config=self.update_config)[0])
+            critic = self.groups.host("critic")  # a pool of its own may have another rank count than the actor's
+            critic_batch = self._layout_for_update(batch, critic.world_size)
+            config = replace(self.update_config, world_size=critic.world_size)
+            metrics.update(critic.call_sharded("update_critic", critic_batch, config=config)[0])
         results = self.groups.actor.call_sharded("update_actor", laid_out, config=self.update_config)
         metrics.update(results[0][0])
         if self.update_config.on_policy:  # one mini-batch: the layout is the batch's own order

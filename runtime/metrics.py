@@ -1,4 +1,8 @@
-"""What a user sees of a run: a progress bar, metrics.jsonl, TensorBoard events and a final plot."""
+"""What a user sees of a run: a progress bar, metrics.jsonl, TensorBoard events and a final plot.
+
+The names of the step metrics that more than the stage making them reads (the plot, the progress
+bar, the RLJob's status, the final printout) are defined here, once.
+"""
 
 import json
 import math
@@ -6,9 +10,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-HEADLINE = ("reward/mean", "kl/mean", "response/length_mean")
+from kuberl.runtime.validation import GREEDY_MEAN
+
+REWARD_MEAN = "reward/mean"
+KL_MEAN = "kl/mean"
+RESPONSE_LENGTH_MEAN = "response/length_mean"
+TOKENS_PER_SECOND = "throughput/tokens_per_second"
+REWARD_POOL_SIZE = "reward/pool_size"
+#: What the plot shows, one panel each.
+HEADLINE = (REWARD_MEAN, KL_MEAN, RESPONSE_LENGTH_MEAN)
 #: A fourth panel when the run validated: the greedy and sampled validation means.
-VALIDATION_PANEL = "val/greedy_mean"
+VALIDATION_PANEL = GREEDY_MEAN
 
 
 class RunReporter:
@@ -47,9 +59,9 @@ class RunReporter:
                     self.tensorboard.add_scalar(name, value, step + 1)
         if self.bar is not None:
             self.bar.set_postfix(
-                reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
-                kl=f"{metrics.get('kl/mean', 0.0):.4f}",
-                tok_s=f"{metrics.get('throughput/tokens_per_second', 0.0):.0f}",
+                reward=f"{metrics.get(REWARD_MEAN, float('nan')):.3f}",
+                kl=f"{metrics.get(KL_MEAN, 0.0):.4f}",
+                tok_s=f"{metrics.get(TOKENS_PER_SECOND, 0.0):.0f}",
                 refresh=False,
             )
             self.bar.update(1)

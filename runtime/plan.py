@@ -1,17 +1,27 @@
 """Start-up: everything that can be checked before a Ray actor exists, checked.
 
-`make_plan` resolves models, loads and tokenizes the data, and checks the batch arithmetic
-against the pools' sizes. Whatever is wrong surfaces here, naming the field or file, before
-any minute of compute is spent.
+`make_plan` resolves models, loads and tokenizes the data, plans the topology (which actors go
+on which pools, api/topology.py) and checks the batch arithmetic against the trainers' sizes.
+Whatever is wrong surfaces here, naming the field or file, before any minute of compute is spent.
 """
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol, cast
 
-from kuberl.api import RLJob
+from kuberl.api import RLJob, Role
+from kuberl.api.topology import ActorGroup, Topology, plan_topology
 from kuberl.runtime.data import PromptDataset, PromptLoader
 from kuberl.runtime.models.resolve import resolve_model_path
+
+
+class Tokenizer(Protocol):
+    """What the controller asks of the actor's tokenizer (a transformers tokenizer has it)."""
+
+    pad_token_id: int | None
+    eos_token_id: int | None
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
 
 
 class RunConfigError(ValueError):
@@ -24,15 +34,20 @@ class RunPlan:
     output_dir: Path
     base_dir: Path
     model_paths: dict[str, str]  # role -> local folder
-    tokenizer: Any
+    tokenizer_path: str  # local folder of the actor's tokenizer (spec.models.actor.tokenizer, else its model's)
+    tokenizer: Tokenizer
     loader: PromptLoader
-    actor_world_size: int
+    topology: Topology
     mini_batches: int
     validation: PromptDataset | None = None  # data.validation, tokenized
 
     @property
     def total_steps(self) -> int:
         return self.loader.total_steps
+
+    @property
+    def actor_world_size(self) -> int:
+        return self.topology.actor.actors
 
 
 def _resolve(path: str, base_dir: Path, cache_dir: Path, field: str) -> str:
@@ -44,6 +59,7 @@ def _resolve(path: str, base_dir: Path, cache_dir: Path, field: str) -> str:
 def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> RunPlan:
     from transformers import AutoTokenizer
 
+    topology = plan_topology(job.spec)
     spec = job.spec
     actor_path = _resolve(spec.models.actor.path, base_dir, cache_dir, "spec.models.actor.path")
     paths = {"actor": actor_path, "reference": actor_path}
@@ -63,7 +79,8 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
     tokenizer_path = actor_path
     if spec.models.actor.tokenizer:
         tokenizer_path = _resolve(spec.models.actor.tokenizer, base_dir, cache_dir, "spec.models.actor.tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    # transformers types decode() for a batch too (str | list[str]); the controller decodes one sequence
+    tokenizer = cast(Tokenizer, AutoTokenizer.from_pretrained(tokenizer_path))
     dataset = PromptDataset.load(spec.data, tokenizer, base_dir, split="train")
     loader = PromptLoader(
         dataset,
@@ -73,18 +90,32 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
         epochs=spec.training.epochs,
         total_steps=spec.training.total_steps,
     )
-    world = spec.resources.actor.world_size
-    group_size = spec.algorithm.group_size or 1
-    mini_size = spec.algorithm.mini_batch_size or spec.data.batch_size
-    mini_batches = spec.data.batch_size // mini_size
-    rows_per_mini = mini_size * group_size
-    if rows_per_mini % world:
-        raise RunConfigError(
-            f"spec.algorithm.miniBatchSize: a mini-batch of {mini_size} prompts x groupSize {group_size} = "
-            f"{rows_per_mini} responses cannot be split evenly over the actor's {world} ranks "
-            "(spec.resources.actor); choose sizes whose product is a multiple of the rank count"
-        )
+    mini_batches = check_mini_batches(job, topology)
     validation = None
     if spec.data.validation is not None:
         validation = PromptDataset.load(spec.data, tokenizer, base_dir, split="validation")
-    return RunPlan(job, output_dir, base_dir, paths, tokenizer, loader, world, mini_batches, validation)
+    return RunPlan(
+        job, output_dir, base_dir, paths, tokenizer_path, tokenizer, loader, topology, mini_batches, validation
+    )
+
+
+def trainer_groups(topology: Topology) -> list[ActorGroup]:
+    """The groups whose ranks split every mini-batch between them: the actor's, and the critic's own."""
+    critic = topology.group(Role.CRITIC)
+    return [topology.actor] + ([critic] if critic is not None else [])
+
+
+def check_mini_batches(job: RLJob, topology: Topology) -> int:
+    """Mini-batches per step; refuses a mini-batch that a trainer cannot split evenly over its ranks."""
+    spec = job.spec
+    group_size = spec.algorithm.group_size or 1
+    mini_size = spec.algorithm.mini_batch_size or spec.data.batch_size
+    rows_per_mini = mini_size * group_size
+    for group in trainer_groups(topology):
+        if rows_per_mini % group.actors:
+            raise RunConfigError(
+                f"spec.algorithm.miniBatchSize: a mini-batch of {mini_size} prompts x groupSize {group_size} = "
+                f"{rows_per_mini} responses cannot be split evenly over the {group.name}'s {group.actors} ranks "
+                f"(spec.resources.{group.pool}); choose sizes whose product is a multiple of the rank count"
+            )
+    return spec.data.batch_size // mini_size

@@ -1,8 +1,8 @@
 """The runtime's progress on the RLJob itself: status.progress, .metrics, .validation and .lastCheckpoint.
 
-Inside a Kubernetes pod (the operator sets KUBERL_JOB_NAME and KUBERL_JOB_NAMESPACE; the pod's
-service account token is mounted) the publisher PATCHes the RLJob's status subresource with
-server-side apply under the field manager `kuberl-runtime`, which owns only those fields:
+Inside a Kubernetes pod (the operator sets the job's name and namespace in the environment,
+api/contract.py; the pod's service account token is mounted) the publisher PATCHes the RLJob's status
+subresource with server-side apply under the runtime's field manager, which owns only those fields:
 the operator's manager owns phase, conditions and restarts, and neither overwrites the other.
 Anywhere else (`kuberl run` on a laptop, tests) it is a no-op.
 
@@ -25,33 +25,31 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kuberl.api import GROUP, KIND, PLURAL, VERSION, contract
 from kuberl.api.status import CheckpointRef, Metrics, Progress, Validation
+from kuberl.runtime import metrics as step_metrics
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL, KIND = "kuberl.io", "v1alpha1", "rljobs", "RLJob"
-FIELD_MANAGER = "kuberl-runtime"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 #: The controller's metric names -> status.metrics fields (api/status.py Metrics).
 STATUS_METRICS = {
-    "reward/mean": "reward_mean",
-    "kl/mean": "kl",
-    "response/length_mean": "response_length",
-    "throughput/tokens_per_second": "tokens_per_second",
-    "reward/pool_size": "reward_workers",
+    step_metrics.REWARD_MEAN: "reward_mean",
+    step_metrics.KL_MEAN: "kl",
+    step_metrics.RESPONSE_LENGTH_MEAN: "response_length",
+    step_metrics.TOKENS_PER_SECOND: "tokens_per_second",
+    step_metrics.REWARD_POOL_SIZE: "reward_workers",
 }
 
 
-def status_metrics(step_metrics: Mapping[str, float]) -> dict[str, Any]:
+def status_metrics(metrics: Mapping[str, float]) -> dict[str, Any]:
     """The headline metrics of a step, keyed as status.metrics wants them.
 
     >>> status_metrics({"reward/mean": 0.5, "kl/mean": 0.01, "time/step": 3.0})
     {'rewardMean': 0.5, 'kl': 0.01}
     """
-    fields: dict[str, Any] = {
-        field: step_metrics[name] for name, field in STATUS_METRICS.items() if name in step_metrics
-    }
+    fields: dict[str, Any] = {field: metrics[name] for name, field in STATUS_METRICS.items() if name in metrics}
     if "reward_workers" in fields:
         fields["reward_workers"] = int(fields["reward_workers"])
     return Metrics.model_validate(fields).to_manifest()
@@ -87,9 +85,14 @@ def apply_patch(
 
 
 def status_url(base_url: str, name: str, namespace: str) -> str:
-    query = urllib.parse.urlencode({"fieldManager": FIELD_MANAGER, "force": "true"})
+    query = urllib.parse.urlencode({"fieldManager": contract.RUNTIME_FIELD_MANAGER, "force": "true"})
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
     return f"{base_url.rstrip('/')}{path}?{query}"
+
+
+def job_identity(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The RLJob (name, namespace) the operator named in the pod's environment; None where it is not set."""
+    return env.get(contract.JOB_NAME_ENV) or None, env.get(contract.JOB_NAMESPACE_ENV) or None
 
 
 class StatusPublisher:
@@ -113,7 +116,7 @@ class StatusPublisher:
     ) -> "StatusPublisher":
         """A KubernetesStatusPublisher inside an operator-started pod, else the no-op publisher."""
         env = os.environ if env is None else env
-        name, namespace = env.get("KUBERL_JOB_NAME"), env.get("KUBERL_JOB_NAMESPACE")
+        name, namespace = job_identity(env)
         host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
         token, authority = service_account_dir / "token", service_account_dir / "ca.crt"
         if not (name and namespace and host and token.is_file() and authority.is_file()):

@@ -1,12 +1,13 @@
 """The metrics of a step's batches: what was generated (rewards, lengths) and what trained (KL, advantages).
 
-Pure functions of the batches; the names are the ones metrics.jsonl, TensorBoard and the status read.
+Pure functions of the batches; the names that others read too (the plot, the status) are metrics.py's.
 """
 
 from kuberl.api.spec import OverlongPenaltySpec
 from kuberl.runtime.algorithms.masked import masked_mean
 from kuberl.runtime.algorithms.shaping import overlong_penalty
 from kuberl.runtime.batch import RolloutBatch
+from kuberl.runtime.metrics import KL_MEAN, RESPONSE_LENGTH_MEAN, REWARD_MEAN
 
 
 def reward_metrics(
@@ -22,10 +23,10 @@ def reward_metrics(
     scores = generated.scores[scored]  # (n,)
     lengths = generated.response_lengths  # (N,)
     metrics = {
-        "reward/mean": float(scores.mean()) if len(scores) else 0.0,
+        REWARD_MEAN: float(scores.mean()) if len(scores) else 0.0,
         "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
         "reward/failed": float((~scored).sum()),
-        "response/length_mean": float(lengths.mean()),
+        RESPONSE_LENGTH_MEAN: float(lengths.mean()),
         "response/clip_fraction": float((lengths >= max_new_tokens).float().mean()),
         "rollout/tokens": float(generated.response_mask.sum()),
     }
@@ -42,7 +43,7 @@ def trained_batch_metrics(batch: RolloutBatch, engine_is_behaviour: bool) -> dic
     mask = batch.response_mask
     metrics: dict[str, float] = {}
     if batch.ref_logprobs is not None and batch.old_logprobs is not None:
-        metrics["kl/mean"] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, mask))
+        metrics[KL_MEAN] = float(masked_mean(batch.old_logprobs - batch.ref_logprobs, mask))
     if batch.engine_logprobs is not None and batch.old_logprobs is not None and not engine_is_behaviour:
         diff = (batch.engine_logprobs - batch.old_logprobs).abs() * mask
         metrics["rollout/logprob_diff_max"] = float(diff.max())

@@ -35,8 +35,12 @@ def checkpoint_dtype(metadata: Metadata) -> torch.dtype:
     raise ValueError("the checkpoint holds no model weights (no tensor under 'model.')")
 
 
-def export_hf(checkpoint_dir: str, base_model_path: str, out_dir: str, name: str = "actor") -> Path:
-    """Write <checkpoint_dir>/<name> as a Hugging Face causal-LM folder at out_dir; returns out_dir."""
+def export_hf(
+    checkpoint_dir: str, base_model_path: str, out_dir: str, name: str = "actor", tokenizer_path: str | None = None
+) -> Path:
+    """Write <checkpoint_dir>/<name> as a Hugging Face causal-LM folder at out_dir; returns out_dir.
+
+    The tokenizer comes from `tokenizer_path` (spec.models.actor.tokenizer), else from the base model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     source = Location(checkpoint_dir).child(name)
@@ -60,7 +64,7 @@ def export_hf(checkpoint_dir: str, base_model_path: str, out_dir: str, name: str
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         model.save_pretrained(staging)
-        _copy_tokenizer(base_model_path, staging)
+        _copy_tokenizer(base_model_path, tokenizer_path or base_model_path, staging)
         if target.exists():
             shutil.rmtree(target)
         os.rename(staging, target)
@@ -70,13 +74,13 @@ def export_hf(checkpoint_dir: str, base_model_path: str, out_dir: str, name: str
     return target
 
 
-def _copy_tokenizer(base_model_path: str, folder: Path) -> None:
+def _copy_tokenizer(base_model_path: str, tokenizer_path: str, folder: Path) -> None:
     from transformers import AutoTokenizer, GenerationConfig
 
     try:
-        AutoTokenizer.from_pretrained(base_model_path).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(folder)
     except (OSError, ValueError) as error:
-        log.warning("export: %s has no loadable tokenizer (%s); the exported folder has none", base_model_path, error)
+        log.warning("export: %s has no loadable tokenizer (%s); the exported folder has none", tokenizer_path, error)
     try:
         GenerationConfig.from_pretrained(base_model_path).save_pretrained(folder)
     except OSError:

@@ -1,4 +1,5 @@
-"""When to save: a pure function of the step, the clock and checkpoint spec.
+"""When to save and where to start: pure functions of the step, the clock, the checkpoint spec and
+whether this run is a restart.
 
 Steps count completed training steps (a checkpoint "of step 20" holds the state after 20
 updates). The step interval is on the step number itself (20, 40, 60...), not on the distance
@@ -6,7 +7,33 @@ from the last save, so a time- or preemption-triggered save in between does not 
 a resumed run saves at the same steps as one that never stopped.
 """
 
+from enum import Enum
+
 from kuberl.api.spec import CheckpointSpec
+
+
+class Start(Enum):
+    """Where a run starts."""
+
+    FRESH = "fresh"  # from step 0
+    RESUME = "resume"  # from the latest committed checkpoint
+    REFUSE = "refuse"  # not at all: starting fresh would overwrite saved work
+
+
+def start_from(has_checkpoint: bool, spec: CheckpointSpec, restart: bool) -> Start:
+    """Where a run starts, given whether its checkpoint location holds a committed checkpoint.
+
+    `restart` (`--resume`, which the operator passes to every RayJob after a job's first) marks a restart
+    of the same run: it resumes whatever spec.checkpoint.resume says, so `resume: false` starts fresh once
+    and still survives preemption. Otherwise `resume: true` resumes when there is something to resume, and
+    `resume: false` starts fresh, refusing a location that already holds checkpoints (saved work is never
+    deleted to make room).
+    """
+    if not has_checkpoint:
+        return Start.FRESH
+    if restart or spec.resume:
+        return Start.RESUME
+    return Start.REFUSE
 
 
 def should_save(

@@ -2,7 +2,7 @@
 
 Kubernetes sends SIGTERM, waits terminationGracePeriodSeconds, then SIGKILL. The watcher only
 sets a flag; the controller reads `requested` between steps, saves a checkpoint and exits with
-EXIT_RESUMABLE (75, runtime/main.py), so the restarted job picks up where this one stopped.
+ExitCode.RESUMABLE (75, api/contract.py), so the restarted job picks up where this one stopped.
 A second signal is left to the flag too: the save under way is the fastest way out.
 """
 
@@ -22,7 +22,7 @@ class PreemptionWatcher:
         for step in ...:
             train(step)
             if preemption.requested:
-                save(step); return EXIT_RESUMABLE
+                save(step); return ExitCode.RESUMABLE
     """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:

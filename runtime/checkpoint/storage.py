@@ -36,7 +36,7 @@ def storage_options(uri: str, env: Mapping[str, str] | None = None) -> dict[str,
 
     >>> storage_options("s3://b/p", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"})
     {'use_listings_cache': False, 'client_kwargs': {'endpoint_url': 'http://127.0.0.1:9000'}}
-    >>> storage_options("/checkpoints", {})
+    >>> storage_options("/mnt/claim/ckpt", {})
     {}
     """
     env = os.environ if env is None else env

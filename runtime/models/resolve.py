@@ -17,11 +17,17 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from kuberl.api.contract import CACHE_ENV
 from kuberl.runtime.models.tiny import BUILDER_VERSION, TINY_MODELS, build_tiny_model
 
 
 class ModelNotFoundError(ValueError):
     """A model location that cannot be used; the message names the spec field, the location and what to do."""
+
+
+def default_cache_dir() -> Path:
+    """Where models are resolved and built: $KUBERL_CACHE, else ~/.cache/kuberl."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kuberl")
 
 
 def tiny_model_dir(name: str, cache_dir: Path) -> Path:

@@ -23,7 +23,7 @@ that asks for the `kuberl_reward` resource and removes pods once released worker
 import math
 from dataclasses import dataclass
 
-from kuberl.api.resources import RoleResources
+from kuberl.api.topology import ActorGroup
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,9 @@ class PoolBounds:
             )
 
     @classmethod
-    def from_resources(cls, resources: RoleResources | None) -> "PoolBounds":
-        """The manifest's bounds; one worker when spec.resources.reward is not set."""
-        if resources is None:
-            return cls(1, 1)
-        return cls(resources.effective_min, resources.effective_max)
+    def of(cls, group: ActorGroup) -> "PoolBounds":
+        """The reward group's bounds (spec.resources.reward's min/maxReplicas; one worker without a pool)."""
+        return cls(group.min_actors, group.max_actors)
 
 
 def decide_pool_size(

@@ -49,12 +49,13 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from kuberl.api.contract import REWARD_ENDPOINT_TOKEN_ENV
 from kuberl.api.spec import RewardEndpointSpec
 from kuberl.runtime.rewards.functions import RewardResult
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "KUBERL_REWARD_ENDPOINT_TOKEN"
+TOKEN_ENV = REWARD_ENDPOINT_TOKEN_ENV
 RETRYABLE_STATUS = frozenset({408, 429})  # and every 5xx
 
 

@@ -1,6 +1,6 @@
 """The elastic reward pool: reward work goes through a queue to a set of reward workers that grows and shrinks.
 
-    pool = RewardPool(spec.reward.to_manifest(), model_path, spec.resources.reward)
+    pool = RewardPool(spec.reward.to_manifest(), model_path, topology.reward)
     results = pool.score(prompts, completions, samples)   # one RewardResult per sample, in order
     pool.metrics()                                          # reward/pool_size, reward/scale_ups, ...
     pool.shutdown()
@@ -20,10 +20,12 @@ whose workers died `max_batch_attempts` times, or whose worker raised that often
 `max_batch_attempts` such failures in a row the pool stops growing, and with no worker left it
 fails the pending `score` calls with the reason.
 
-On Kubernetes each worker asks Ray for the custom resource `kuberl_reward` (offered only by the
-reward worker group) plus its CPUs and GPUs, so an actor the cluster cannot place makes the KubeRay
-autoscaler add a reward pod, and a released actor leaves its pod idle for the autoscaler to remove.
-Locally there is no such resource and workers share the machine's CPUs.
+Each worker asks Ray for a unit of its pool's custom resource plus its CPUs and GPUs, as the job's
+topology says (api/topology.py `reward_group`): `kuberl_reward`, offered one unit per reward pod, so
+on Kubernetes an actor the cluster cannot place makes the KubeRay autoscaler add a reward pod, and a
+released actor leaves its pod idle for the autoscaler to remove. Without a reward pool the one
+worker lives on the head (`kuberl_head`). A local run's Ray offers the same resources, so the pool
+grows and shrinks between the same bounds on one machine.
 """
 
 import logging
@@ -38,16 +40,15 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from kuberl.api import RewardSpec
-from kuberl.api.resources import RoleResources
+from kuberl.api.topology import ActorGroup
+from kuberl.runtime.metrics import REWARD_POOL_SIZE
 from kuberl.runtime.rewards.autoscale import PoolBounds, ScalePolicy, decide_pool_size
 from kuberl.runtime.rewards.functions import RewardResult
 from kuberl.runtime.rewards.ledger import ResultLedger
-from kuberl.runtime.workers.group import role_resource
+from kuberl.runtime.workers.group import ray_actor_options
 from kuberl.runtime.workers.reward_worker import RewardWorker
 
 log = logging.getLogger(__name__)
-
-DEFAULT_WORKER_CPUS = 0.5  # a reward worker beside the controller when spec.resources.reward is not set
 
 
 class RewardPoolError(RuntimeError):
@@ -106,24 +107,18 @@ class RewardPool:
         self,
         reward_manifest: dict[str, Any],
         model_path: str | None,
-        pool: RoleResources | None,
+        group: ActorGroup,
         *,
         policy: ScalePolicy | None = None,
     ) -> None:
         spec = RewardSpec.model_validate(reward_manifest)
-        self.bounds = PoolBounds.from_resources(pool)
+        self.bounds = PoolBounds.of(group)
         self.policy = policy or ScalePolicy()
         self.batch_size = spec.batch_size
         self.slots = spec.endpoint.max_concurrency if spec.endpoint is not None else 1
         self._manifest = reward_manifest
         self._model_path = model_path
-        custom = {role_resource("reward"): 0.001} if role_resource("reward") in ray.cluster_resources() else {}
-        self._remote: Any = ray.remote(RewardWorker).options(
-            num_cpus=pool.cpus if pool is not None else DEFAULT_WORKER_CPUS,
-            num_gpus=pool.gpus if pool is not None else 0,
-            resources=custom,
-            max_concurrency=self.slots,
-        )
+        self._remote: Any = ray.remote(RewardWorker).options(**ray_actor_options(group), max_concurrency=self.slots)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._workers: dict[int, _Worker] = {}
@@ -138,7 +133,7 @@ class RewardPool:
         self._broken: BaseException | None = None
         self._peak = 0
         self._last_waits: list[float] = []
-        self._start_first_workers(max(1, self.bounds.min_size))
+        self._start_first_workers(group.actors)
         self._thread = threading.Thread(target=self._run, name="kuberl-reward-pool", daemon=True)
         self._thread.start()
 
@@ -182,7 +177,7 @@ class RewardPool:
         with self._lock:
             waits = self._last_waits
             return {
-                "reward/pool_size": float(len(self._workers)),
+                REWARD_POOL_SIZE: float(len(self._workers)),
                 "reward/pool_size_peak": float(max(self._peak, len(self._workers))),
                 "reward/scale_ups": float(sum(event.after > event.before for event in self._events)),
                 "reward/scale_downs": float(sum(event.after < event.before for event in self._events)),

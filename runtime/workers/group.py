@@ -1,18 +1,19 @@
-"""A worker group: the ranks of one role's pool as Ray actors, called together.
+"""A worker group: the actors of one topology group (api/topology.py), called together.
 
-On Kubernetes each group's actors ask for a custom Ray resource (`kuberl_<role>`) that only
-that role's worker group offers, so they land on their own pods; locally there is no such
-resource and they share the machine.
+Every actor asks Ray for its pool's custom resource (`kuberl_<pool>`, one unit) besides its CPUs
+and GPUs, on a cluster and locally alike: on Kubernetes only that pool's pods offer it, so the
+actors land on their own pods; a local run starts Ray offering what every pool offers
+(runtime/workers/launch.py).
 """
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 import torch
 
+from kuberl.api.topology import ActorGroup
 from kuberl.runtime.batch import RolloutBatch
 
 
@@ -22,42 +23,19 @@ def worker_device() -> torch.device:
     return torch.device("cuda", 0) if use_cuda else torch.device("cpu")
 
 
-@dataclass(frozen=True)
-class GroupResources:
-    replicas: int
-    cpus: float
-    gpus: int
-
-    #: False: one rank per GPU (FSDP trainers); True: one worker per replica spanning its GPUs (a TP engine)
-    worker_per_replica: bool = False
-
-    @property
-    def world_size(self) -> int:
-        return self.replicas if self.worker_per_replica else self.replicas * max(1, self.gpus)
-
-    @property
-    def gpus_per_worker(self) -> int:
-        if not self.gpus:
-            return 0
-        return self.gpus if self.worker_per_replica else 1
-
-
-def role_resource(role: str) -> str:
-    return f"kuberl_{role}"
+def ray_actor_options(group: ActorGroup) -> dict[str, Any]:
+    """What each actor of `group` asks Ray for: its CPUs and GPUs, and its unit of the pool's resource."""
+    return {"num_cpus": group.cpus, "num_gpus": group.gpus, "resources": group.ray_resources}
 
 
 class WorkerGroup:
-    def __init__(self, worker_cls: type, role: str, resources: GroupResources, env: dict[str, str] | None = None):
-        self.role = role
-        self.world_size = resources.world_size
-        per_rank_cpus = resources.cpus / (resources.world_size // resources.replicas)
-        custom = {role_resource(role): 0.001} if role_resource(role) in ray.cluster_resources() else {}
+    """The `group.actors` ranks of one group; rank r is `workers[r]`."""
+
+    def __init__(self, worker_cls: type, group: ActorGroup, env: dict[str, str] | None = None) -> None:
+        self.group = group
+        self.world_size = group.actors
         remote: Any = ray.remote(worker_cls).options(
-            num_cpus=per_rank_cpus,
-            num_gpus=resources.gpus_per_worker,
-            resources=custom,
-            runtime_env={"env_vars": env or {}},
-            max_concurrency=1,
+            **ray_actor_options(group), runtime_env={"env_vars": env or {}}, max_concurrency=1
         )
         self.workers: list[Any] = [remote.remote(rank, self.world_size) for rank in range(self.world_size)]
 

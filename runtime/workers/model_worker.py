@@ -14,7 +14,6 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,13 +23,13 @@ from kuberl.api import ComputeDType, RLJob, parse_rljob
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import FSDPTrainer
+from kuberl.runtime.models.dtypes import torch_dtype
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_critic, update_policy
 from kuberl.runtime.workers.group import worker_device
 
 #: Models with weights and optimiser state that checkpoints carry (the reference never changes).
 TRAINED_ROLES = ("actor", "critic")
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -111,6 +110,13 @@ class ModelWorker:
             self.engine = self._rollout_engine(setup.model_paths["actor"])
         return {"rank": self.rank, "device": str(self.device), "seconds": time.perf_counter() - started}
 
+    def hosted(self) -> dict[str, Any]:
+        """What this rank holds and where it runs: its process, its models, the Ray resources it was given."""
+        import ray
+
+        models = sorted(self.trainers) + (["rollout"] if self.engine is not None else [])
+        return {"pid": os.getpid(), "models": models, "resources": ray.get_runtime_context().get_assigned_resources()}
+
     def _trainer(
         self,
         path: str,
@@ -128,7 +134,7 @@ class ModelWorker:
         torch.manual_seed(self.job.spec.training.seed)  # a new value head starts the same on every rank
         kind = AutoModelForTokenClassification if critic else AutoModelForCausalLM
         extra = {"num_labels": 1} if critic else {}
-        model = kind.from_pretrained(path, dtype=TORCH_DTYPES[dtype], **extra)
+        model = kind.from_pretrained(path, dtype=torch_dtype(dtype), **extra)
         if optim is None:
             model.requires_grad_(False)
         if lora is not None:
@@ -153,7 +159,7 @@ class ModelWorker:
         chosen = self.job.spec.training.compute_dtype
         if chosen == ComputeDType.AUTO:
             return torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        return TORCH_DTYPES[chosen.value]
+        return torch_dtype(chosen.value)
 
     def _rollout_engine(self, path: str) -> Any:
         from kuberl.runtime.engines import build_rollout_engine
@@ -237,47 +243,27 @@ class ModelWorker:
         if self.engine is not None:
             load_into(self.engine, self.lora_sync, sync_payload(self.trainers["actor"], self.lora_sync))
 
-    def export_hf(self, directory: str, source_path: str) -> str | None:
-        return export_actor(self, directory, source_path)
+    def export_hf(self, checkpoint_uri: str, base_model_path: str, directory: str, tokenizer_path: str) -> str | None:
+        """The final actor as a Hugging Face folder, written by rank 0 (the pod that trained it has the memory
+        for a full copy; the controller's may not). A full model comes from the final checkpoint
+        (kuberl.runtime.checkpoint.export_hf); a LoRA actor's adapter, which that refuses, from the trainer."""
+        assert self.job is not None
+        if self.job.spec.models.actor.lora is not None:
+            return export_lora_actor(self, directory, base_model_path)  # collective: every rank gathers
+        if self.rank != 0:
+            return None
+        from kuberl.runtime.checkpoint import export_hf
+
+        return str(export_hf(checkpoint_uri, base_model_path, directory, tokenizer_path=tokenizer_path))
 
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def model_cache_dir() -> Path:
-    return Path(os.environ.get("KUBERL_CACHE", Path.home() / ".cache" / "kuberl")) / "models"
-
-
-def export_actor(worker: ModelWorker, directory: str, source_path: str) -> str | None:
-    """Gather the actor's full weights on rank 0 and write a Hugging Face model folder there.
-
-    With LoRA: the adapter as a PEFT folder, and with lora.exportMerged the merged model at <directory>-merged.
-    """
-    from transformers import AutoModelForCausalLM
-
-    assert worker.job is not None
-    lora = worker.job.spec.models.actor.lora
-    if lora is not None:
-        return export_lora_actor(worker, directory, source_path)
-
-    state = {}
-    for name, tensor in worker.trainers["actor"].full_tensors():
-        if worker.rank == 0:
-            state[name] = tensor.detach().cpu().clone()
-    if worker.rank != 0:
-        return None
-    model = AutoModelForCausalLM.from_pretrained(source_path)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(f"export: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
-    model.save_pretrained(directory)
-    worker.tokenizer.save_pretrained(directory)
-    return directory
-
-
 def export_lora_actor(worker: ModelWorker, directory: str, source_path: str) -> str | None:
+    """The LoRA actor's adapter as a PEFT folder, and with lora.exportMerged the merged model at
+    <directory>-merged: every rank gathers the adapter, rank 0 writes."""
     from kuberl.runtime.models.lora import save_adapter
 
     assert worker.job is not None

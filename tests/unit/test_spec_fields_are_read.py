@@ -1,7 +1,8 @@
 """Every RLJob spec field is read by the code that acts on it: a field accepted and ignored is a bug.
 
 The check walks every pydantic model under `RLJobSpec` and looks for each field's Python name as an
-attribute read (`x.field_name`) in `runtime/` or `operator/`. It is a name check, so a field with a
+attribute read (`x.field_name`) in `runtime/`, `operator/` or `api/topology.py` (the pools and
+placement both of them follow). It is a name check, so a field with a
 common name (`name`, `path`) passes once anything of that name is read; it catches the field nobody
 wired up, which is how `data.validation` and `training.validationEverySteps` went unread.
 """
@@ -51,11 +52,16 @@ def nested_models(annotation: object) -> list[type[BaseModel]]:
     return []
 
 
-def attributes_read(*folders: str) -> set[str]:
-    """Every `something.attribute` name that appears in the Python sources under `folders`."""
+#: Where a field takes effect: the runtime, the operator, and the topology both of them place by.
+READERS = ("runtime", "operator", "api/topology.py")
+
+
+def attributes_read(*places: str) -> set[str]:
+    """Every `something.attribute` name that appears in the Python sources at `places` (folders or files)."""
     names: set[str] = set()
-    for folder in folders:
-        for path in Path(REPO, folder).rglob("*.py"):
+    for place in places:
+        root = Path(REPO, place)
+        for path in [root] if root.is_file() else root.rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.Attribute):
                     names.add(node.attr)
@@ -63,7 +69,7 @@ def attributes_read(*folders: str) -> set[str]:
 
 
 def test_every_spec_field_is_read_by_the_runtime_or_the_operator() -> None:
-    read = attributes_read("runtime", "operator")
+    read = attributes_read(*READERS)
     unread = sorted(
         f"{model}.{field}"
         for model, field in spec_fields(RLJobSpec)
@@ -73,7 +79,7 @@ def test_every_spec_field_is_read_by_the_runtime_or_the_operator() -> None:
 
 
 def test_the_allow_list_holds_only_real_fields_nobody_else_reads() -> None:
-    read = attributes_read("runtime", "operator")
+    read = attributes_read(*READERS)
     fields = spec_fields(RLJobSpec)
     for model, field in READ_BY_THE_API:
         assert (model, field) in fields, f"{model}.{field} is no longer a spec field"
@@ -81,6 +87,6 @@ def test_the_allow_list_holds_only_real_fields_nobody_else_reads() -> None:
 
 
 def test_the_scan_sees_the_fields_this_issue_wired_up() -> None:
-    read = attributes_read("runtime", "operator")
+    read = attributes_read(*READERS)
     assert {"validation_every_steps", "validation", "policy_loss", "dynamic_sampling", "overlong_penalty"} <= read
     assert "a_field_nobody_reads" not in read

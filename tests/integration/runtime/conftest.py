@@ -1,4 +1,8 @@
-"""One Ray for the whole session (starting Ray costs seconds); each test's job brings its own workers."""
+"""One Ray for the whole session (starting Ray costs seconds); each test's job brings its own workers.
+
+The session's Ray offers every pool's custom resource (as a cluster with room for any test's pools
+would), since every actor asks for its pool's (api/topology.py).
+"""
 
 import os
 
@@ -12,6 +16,14 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 def ray_session():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    from kuberl.runtime.workers.launch import shared_ray_resources
+
+    ray.init(
+        num_cpus=4,
+        resources=shared_ray_resources(),
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     yield ray
     ray.shutdown()

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from kuberl.runtime.main import run_job
+from kuberl.runtime.driver import run_job
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

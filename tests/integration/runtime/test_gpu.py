@@ -23,7 +23,7 @@ import shutil
 import pytest
 import torch
 
-from kuberl.runtime.main import run_job
+from kuberl.runtime.driver import run_job
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
 pytestmark = [

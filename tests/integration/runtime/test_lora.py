@@ -15,7 +15,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from kuberl.runtime.checkpoint import export_hf
-from kuberl.runtime.main import run_job
+from kuberl.runtime.driver import run_job
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

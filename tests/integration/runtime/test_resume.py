@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kuberl.api.contract import ExitCode
 from tests.integration.runtime.jobs import DEMO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 6
-EXIT_RESUMABLE = 75
 
 
 def write_job(folder: Path) -> Path:
@@ -93,7 +93,7 @@ def test_sigterm_saves_and_exits_resumable_then_resume_is_bit_identical(tmp_path
     sent = time.monotonic()
     run.send_signal(signal.SIGTERM)
     log, _ = run.communicate(timeout=60)
-    assert run.returncode == EXIT_RESUMABLE, log
+    assert run.returncode == ExitCode.RESUMABLE, log
     assert time.monotonic() - sent < 30, "the checkpoint must land within a pod's default grace period"
     stopped_at = steps_done(output)
     assert stopped_at < STEPS and (output / "checkpoints" / f"step-{stopped_at:06d}").is_dir(), log

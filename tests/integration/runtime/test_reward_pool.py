@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kuberl.api.resources import RoleResources
+from kuberl.api.topology import ActorGroup, reward_group
 from kuberl.runtime.rewards.autoscale import ScalePolicy
 from kuberl.runtime.rewards.functions import RewardConfigError, RewardResult
 from kuberl.runtime.rewards.pool import RewardPool
@@ -32,8 +33,9 @@ def burst(n: int = BURST) -> tuple[list[str], list[str], list[dict[str, Any]]]:
     return [f"prompt {i}" for i in range(n)], [f"response {i}" for i in range(n)], [{"index": i} for i in range(n)]
 
 
-def pool_resources(low: int, high: int) -> RoleResources:
-    return RoleResources(replicas=low, minReplicas=low, maxReplicas=high, cpus=CPUS)
+def reward_pool(low: int, high: int) -> ActorGroup:
+    """The reward group the topology makes of a reward pool of low..high workers."""
+    return reward_group(RoleResources(replicas=low, minReplicas=low, maxReplicas=high, cpus=CPUS))
 
 
 def assert_each_sample_scored_once_by_its_index(results: list[RewardResult], n: int = BURST) -> None:
@@ -61,12 +63,12 @@ class BurstRuns:
 @pytest.fixture(scope="module")
 def burst_runs(ray_session: Any) -> Iterator[BurstRuns]:
     """The same burst through a pool fixed at one worker and through a pool of 1..4 workers."""
-    fixed = RewardPool(SLOW_REWARD, None, pool_resources(1, 1), policy=POLICY)
+    fixed = RewardPool(SLOW_REWARD, None, reward_pool(1, 1), policy=POLICY)
     try:
         min_s, min_results = timed_score(fixed)
     finally:
         fixed.shutdown()
-    elastic = RewardPool(SLOW_REWARD, None, pool_resources(1, 4), policy=POLICY)
+    elastic = RewardPool(SLOW_REWARD, None, reward_pool(1, 4), policy=POLICY)
     try:
         auto_s, auto_results = timed_score(elastic)
         yield BurstRuns(min_s, auto_s, min_results, auto_results, elastic.metrics(), elastic)
@@ -105,7 +107,7 @@ def test_pool_shrinks_back_to_min_replicas_when_idle(burst_runs: BurstRuns) -> N
 def test_killing_a_worker_mid_batch_loses_and_duplicates_nothing(ray_session: Any) -> None:
     import ray
 
-    pool = RewardPool(SLOW_REWARD, None, pool_resources(2, 2), policy=POLICY)
+    pool = RewardPool(SLOW_REWARD, None, reward_pool(2, 2), policy=POLICY)
     killed: list[Any] = []
 
     def kill_a_busy_worker() -> None:
@@ -133,7 +135,7 @@ def test_killing_a_worker_mid_batch_loses_and_duplicates_nothing(ray_session: An
 
 def test_a_batch_that_keeps_killing_its_worker_fails_its_samples_not_the_job(ray_session: Any) -> None:
     reward = {"function": "tests.integration.runtime.slow_rewards:crash_on_index_3", "batchSize": 2}
-    pool = RewardPool(reward, None, pool_resources(1, 1), policy=ScalePolicy(max_batch_attempts=2))
+    pool = RewardPool(reward, None, reward_pool(1, 1), policy=ScalePolicy(max_batch_attempts=2))
     try:
         results = pool.score(*burst(8))
         metrics = pool.metrics()
@@ -149,7 +151,7 @@ def test_a_batch_that_keeps_killing_its_worker_fails_its_samples_not_the_job(ray
 def test_a_reward_that_cannot_load_fails_the_pool_at_start(ray_session: Any) -> None:
     manifest = {"function": "tests.integration.runtime.slow_rewards:no_such_reward"}
     with pytest.raises(RewardConfigError, match="no attribute 'no_such_reward'"):
-        RewardPool(manifest, None, pool_resources(1, 2), policy=POLICY)
+        RewardPool(manifest, None, reward_pool(1, 2), policy=POLICY)
 
 
 class _IndexScoringService(BaseHTTPRequestHandler):
@@ -177,7 +179,7 @@ def test_endpoint_pool_scores_through_an_http_service_in_batches(ray_session: An
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/score"
     manifest = {"endpoint": {"url": url, "maxConcurrency": 3, "timeoutSeconds": 5}, "batchSize": 4}
-    pool = RewardPool(manifest, None, pool_resources(1, 1), policy=POLICY)
+    pool = RewardPool(manifest, None, reward_pool(1, 1), policy=POLICY)
     try:
         results = pool.score(*burst(10))
         assert_each_sample_scored_once_by_its_index(results, 10)

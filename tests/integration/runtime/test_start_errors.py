@@ -1,6 +1,5 @@
 """A job that cannot run fails at start — before any Ray actor exists — naming the field or file."""
 
-import argparse
 import json
 import subprocess
 import sys
@@ -8,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from kuberl.api.contract import ExitCode, RuntimeArgs
 from kuberl.runtime.main import run_from_cli
 from tests.integration.runtime.jobs import DEMO
 
@@ -30,44 +30,44 @@ def write_job(tmp_path: Path, data_lines: list[str] | None = None, **spec_change
 
 
 def run_cli(path: Path, tmp_path: Path) -> int:
-    return run_from_cli(argparse.Namespace(spec=str(path), output=str(tmp_path / "out"), address=None))
+    return run_from_cli(RuntimeArgs(spec=str(path), output=str(tmp_path / "out")))
 
 
 def test_missing_data_file_names_the_field_and_path(tmp_path, capsys):
     path = write_job(tmp_path, **{"data.train": "nowhere/prompts.jsonl"})
-    assert run_cli(path, tmp_path) == 1
+    assert run_cli(path, tmp_path) == ExitCode.CONFIG_ERROR
     err = capsys.readouterr().err
     assert "data.train" in err and "nowhere/prompts.jsonl" in err
 
 
 def test_empty_dataset_is_refused(tmp_path, capsys):
-    assert run_cli(write_job(tmp_path, data_lines=[]), tmp_path) == 1
+    assert run_cli(write_job(tmp_path, data_lines=[]), tmp_path) == ExitCode.CONFIG_ERROR
     assert "prompts.jsonl" in capsys.readouterr().err
 
 
 def test_prompt_over_the_limit_names_the_record_and_the_limit(tmp_path, capsys):
     lines = [json.dumps({"prompt": "count: 1 2 3"})] * 10 + [json.dumps({"prompt": "count: " + " ".join(["7"] * 80)})]
-    assert run_cli(write_job(tmp_path, data_lines=lines), tmp_path) == 1
+    assert run_cli(write_job(tmp_path, data_lines=lines), tmp_path) == ExitCode.CONFIG_ERROR
     err = capsys.readouterr().err
     assert "maxPromptLength" in err and "10" in err  # the record's index
 
 
 def test_unknown_algorithm_is_refused_listing_the_known_ones(tmp_path, capsys):
     path = write_job(tmp_path, **{"algorithm.name": "grpoo"})
-    assert run_cli(path, tmp_path) == 1
+    assert run_cli(path, tmp_path) == ExitCode.CONFIG_ERROR
     err = capsys.readouterr().err
     assert "spec.algorithm.name" in err and "'grpo'" in err
 
 
 def test_missing_model_folder_names_the_field(tmp_path, capsys):
     path = write_job(tmp_path, **{"models.actor.path": str(tmp_path / "no-model")})
-    assert run_cli(path, tmp_path) == 1
+    assert run_cli(path, tmp_path) == ExitCode.CONFIG_ERROR
     assert "spec.models.actor.path" in capsys.readouterr().err
 
 
 def test_batch_that_cannot_be_split_over_the_ranks_is_refused(tmp_path, capsys):
     path = write_job(tmp_path, **{"algorithm.groupSize": 3, "data.batchSize": 3})
-    assert run_cli(path, tmp_path) == 1
+    assert run_cli(path, tmp_path) == ExitCode.CONFIG_ERROR
     assert "spec.algorithm.miniBatchSize" in capsys.readouterr().err
 
 
@@ -75,12 +75,13 @@ def test_nothing_is_started_or_written_before_the_checks(tmp_path):
     # A fresh interpreter: the test session's own Ray must not hide a Ray the run started.
     path = write_job(tmp_path, **{"data.train": "nowhere.jsonl"})
     probe = (
-        "import argparse, sys, ray\n"
+        "import sys, ray\n"
+        "from kuberl.api.contract import RuntimeArgs\n"
         "from kuberl.runtime.main import run_from_cli\n"
-        f"code = run_from_cli(argparse.Namespace(spec={str(path)!r}, output={str(tmp_path / 'out')!r}, address=None))\n"
+        f"code = run_from_cli(RuntimeArgs(spec={str(path)!r}, output={str(tmp_path / 'out')!r}))\n"
         "print(code, ray.is_initialized())\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
-    assert done.stdout.split() == ["1", "False"], done.stderr
+    assert done.stdout.split() == [str(int(ExitCode.CONFIG_ERROR)), "False"], done.stderr
     assert "data.train" in done.stderr
     assert not (tmp_path / "out").exists()

@@ -108,11 +108,21 @@ def test_an_elastic_reward_pool_gets_its_bounds_and_turns_on_in_tree_autoscaling
     assert rayjob["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is True
 
 
-def test_each_worker_group_offers_a_custom_ray_resource_of_its_own_in_kuberays_quoted_json():
-    built = groups(rayjob_for({"resources": {"reward": {"replicas": 1}}}))
-    # KubeRay wants the JSON object inside a quoted string: YAML '"{\"kuberl_actor\": 1000}"'.
-    assert built["actor"]["rayStartParams"]["resources"] == '"{\\"kuberl_actor\\": 1000}"'
-    assert json.loads(json.loads(built["reward"]["rayStartParams"]["resources"])) == {"kuberl_reward": 1000}
+def test_each_worker_group_offers_its_own_ray_resource_one_unit_per_actor_in_kuberays_quoted_json():
+    built = groups(rayjob_for({"resources": {"actor": {"gpus": 8}, "reward": {"replicas": 1}}}))
+    # KubeRay wants the JSON object inside a quoted string: YAML '"{\"kuberl_actor\": 8}"'.
+    assert built["actor"]["rayStartParams"]["resources"] == '"{\\"kuberl_actor\\": 8}"'  # a trainer rank per GPU
+    assert json.loads(json.loads(built["reward"]["rayStartParams"]["resources"])) == {"kuberl_reward": 1}
+
+
+def head_resources(rayjob: dict) -> dict:
+    params = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]
+    return json.loads(json.loads(params["resources"])) if "resources" in params else {}
+
+
+def test_the_head_offers_a_place_to_the_reward_worker_only_when_the_reward_has_no_pool():
+    assert head_resources(rayjob_for()) == {"kuberl_head": 1}
+    assert head_resources(rayjob_for({"resources": {"reward": {"replicas": 1}}})) == {}
 
 
 def test_the_entrypoint_runs_the_runtime_on_the_mounted_spec():

@@ -3,6 +3,7 @@
 import pytest
 
 from kuberl.api.resources import RoleResources
+from kuberl.api.topology import reward_group
 from kuberl.runtime.rewards.autoscale import PoolBounds, ScalePolicy, decide_pool_size
 
 POLICY = ScalePolicy(target_wait_s=1.0, idle_release_s=10.0)
@@ -77,7 +78,7 @@ def test_endpoint_workers_with_several_slots_need_fewer_new_workers() -> None:
     ],
 )
 def test_bounds_come_from_the_reward_resources(resources: RoleResources | None, expected: PoolBounds) -> None:
-    assert PoolBounds.from_resources(resources) == expected
+    assert PoolBounds.of(reward_group(resources)) == expected
 
 
 @pytest.mark.parametrize(("low", "high"), [(3, 2), (0, 0), (-1, 2)])

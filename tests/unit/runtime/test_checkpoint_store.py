@@ -24,6 +24,7 @@ import yaml
 
 from kuberl.api.spec import CheckpointSpec
 from kuberl.runtime.checkpoint import CheckpointError, CheckpointStore, PreemptionWatcher, should_save
+from kuberl.runtime.checkpoint.policy import Start, start_from
 from kuberl.runtime.checkpoint.storage import Location, storage_options
 from kuberl.runtime.checkpoint.store import JOB_MANIFEST, LATEST, MARKER, TRAIN_STATE
 from kuberl.runtime.status_publisher import KubernetesStatusPublisher, StatusPublisher, status_metrics
@@ -425,3 +426,19 @@ def test_in_a_pod_the_publisher_targets_the_in_cluster_api_server(tmp_path: Path
         "https://10.96.0.1:443/apis/kuberl.io/v1alpha1/namespaces/team-a/rljobs/demo/status?"
     )
     publisher.close()
+
+
+# -- where a run starts -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("has_checkpoint", "resume", "restart", "start"),
+    [
+        (False, True, False, Start.FRESH),
+        (False, False, True, Start.FRESH),  # a restart before the first save starts over
+        (True, True, False, Start.RESUME),
+        (True, False, False, Start.REFUSE),  # resume: false never starts over saved work
+        (True, False, True, Start.RESUME),  # --resume: a restart of the same run resumes anyway
+        (True, True, True, Start.RESUME),
+    ],
+)
+def test_where_a_run_starts(has_checkpoint: bool, resume: bool, restart: bool, start: Start):
+    assert start_from(has_checkpoint, CheckpointSpec(resume=resume), restart) == start

@@ -1,0 +1,143 @@
+"""Every name the operator and the runtime agree on, defined once.
+
+The operator writes these into the objects it builds (operator/builders.py: mounts, environment,
+the entrypoint, each worker group's Ray resource); the runtime reads them inside the pods
+(runtime/). The Helm chart sets the operator's own settings by the names below. Both sides import
+this module, so the copies cannot drift: a test scans api/, operator/ and runtime/ and fails on a
+stray copy of any of these literals (tests/unit/test_contract.py).
+
+Standard library only: the operator image has no torch, the runtime image no kopf.
+"""
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from enum import IntEnum
+from typing import Any
+
+# -- mounts -------------------------------------------------------------------------------------------
+#: Where the spec ConfigMap is mounted in every pod, and the key (so the file name) holding the RLJob manifest.
+SPEC_MOUNT_DIR = "/etc/kuberl"
+SPEC_KEY = "rljob.yaml"
+SPEC_PATH = f"{SPEC_MOUNT_DIR}/{SPEC_KEY}"
+#: Where spec.checkpoint.pvcClaimName is mounted in every pod; without checkpoint.uri the runtime saves there.
+CHECKPOINT_MOUNT_DIR = "/checkpoints"
+
+# -- environment of every Ray pod (the operator sets them, the runtime reads them) ---------------------
+#: The RLJob's metadata.name and namespace: whose status.progress the runtime publishes.
+JOB_NAME_ENV = "KUBERL_JOB_NAME"
+JOB_NAMESPACE_ENV = "KUBERL_JOB_NAMESPACE"
+#: The pool the pod belongs to: `head`, or the role of its worker group (actor, critic, ...).
+ROLE_ENV = "KUBERL_ROLE"
+#: The bearer token for reward.endpoint, from the key `token` of reward.endpoint.secretRef.
+REWARD_ENDPOINT_TOKEN_ENV = "KUBERL_REWARD_ENDPOINT_TOKEN"
+#: Where the runtime resolves and builds models (default ~/.cache/kuberl); the images may set it.
+CACHE_ENV = "KUBERL_CACHE"
+
+# -- the operator's settings (operator/settings.py), set by the Helm chart's Deployment ----------------
+RUNTIME_IMAGE_ENV = "KUBERL_RUNTIME_IMAGE"
+RESYNC_SECONDS_ENV = "KUBERL_RESYNC_SECONDS"
+RECONCILE_WORKERS_ENV = "KUBERL_RECONCILE_WORKERS"
+HEAD_CPU_ENV = "KUBERL_HEAD_CPU"
+HEAD_MEMORY_ENV = "KUBERL_HEAD_MEMORY"
+RUNTIME_SERVICE_ACCOUNT_ENV = "KUBERL_RUNTIME_SERVICE_ACCOUNT"
+WEBHOOK_HOST_ENV = "KUBERL_WEBHOOK_HOST"
+WEBHOOK_ADDR_ENV = "KUBERL_WEBHOOK_ADDR"
+WEBHOOK_SERVICE_ENV = "KUBERL_WEBHOOK_SERVICE"
+WEBHOOK_CERT_ENV = "KUBERL_WEBHOOK_CERT"
+WEBHOOK_KEY_ENV = "KUBERL_WEBHOOK_KEY"
+WEBHOOK_CONFIGURATION_ENV = "KUBERL_WEBHOOK_CONFIGURATION"
+
+# -- who writes which part of the RLJob (server-side apply field managers) -----------------------------
+#: The operator owns spec-derived children and status phase, conditions, restarts, names.
+OPERATOR_FIELD_MANAGER = "kuberl-operator"
+#: The runtime owns only status.progress, status.metrics and status.lastCheckpoint.
+RUNTIME_FIELD_MANAGER = "kuberl-runtime"
+
+
+# -- Ray resources --------------------------------------------------------------------------------------
+def ray_resource(pool: str) -> str:
+    """The custom Ray resource only the pods of one pool offer: `reward` -> `kuberl_reward`.
+
+    A pool is `head` or a role with a pool of its own (api/topology.py decides which).
+    """
+    return f"kuberl_{pool}"
+
+
+#: Units of its pool's resource every actor asks for; a pod offers one unit per actor it is meant to hold.
+UNITS_PER_ACTOR = 1
+
+
+# -- exit codes of the runtime (the operator's decisions read them from the RayJob) ---------------------
+class ExitCode(IntEnum):
+    SUCCESS = 0
+    #: The job cannot run as specified (the message names the field or file): restarting will not help.
+    CONFIG_ERROR = 1
+    #: Stopped early after saving what it had (preemption): restart it and it resumes. (sysexits EX_TEMPFAIL)
+    RESUMABLE = 75
+
+
+# -- the runtime's command line: built by the operator, parsed by the runtime ----------------------------
+#: How the operator starts the runtime in the RayJob's entrypoint (the arguments follow).
+RUNTIME_PROGRAM = ("python", "-m", "kuberl.runtime")
+
+
+@dataclass(frozen=True)
+class RuntimeArgs:
+    """The runtime's arguments; each field is one option `--<field>` (a bool is a switch)."""
+
+    spec: str = field(metadata={"help": "the RLJob manifest (YAML)"})
+    output: str | None = field(
+        default=None, metadata={"help": "folder for everything the run writes (default: runs/<job name>/)"}
+    )
+    address: str | None = field(
+        default=None, metadata={"help": "Ray cluster to join (default: RAY_ADDRESS, else start a local Ray)"}
+    )
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "this is a restart of the same run: resume from the latest committed checkpoint even when "
+            "spec.checkpoint.resume is false (the operator passes it to every RayJob after the first)"
+        },
+    )
+
+
+def runtime_command(args: RuntimeArgs) -> list[str]:
+    """The argument list that starts the runtime with `args`; `parse_runtime_args` reads it back.
+
+    >>> runtime_command(RuntimeArgs(spec="/etc/kuberl/rljob.yaml", resume=True))
+    ['python', '-m', 'kuberl.runtime', '--spec', '/etc/kuberl/rljob.yaml', '--resume']
+    """
+    argv = list(RUNTIME_PROGRAM)
+    for option in fields(RuntimeArgs):
+        value = getattr(args, option.name)
+        if value is True:
+            argv.append(f"--{option.name}")
+        elif value is not None and value is not False:
+            argv += [f"--{option.name}", str(value)]
+    return argv
+
+
+def add_runtime_options(parser: argparse.ArgumentParser, *, spec_positional: bool = False) -> None:
+    """The runtime's options on `parser`; `kuberl run` takes the spec as a positional argument instead."""
+    for option in fields(RuntimeArgs):
+        help_text = option.metadata["help"]
+        if option.type is bool:
+            parser.add_argument(f"--{option.name}", action="store_true", help=help_text)
+        elif option.name == "spec" and spec_positional:
+            parser.add_argument("spec", help=help_text)
+        else:
+            parser.add_argument(f"--{option.name}", required=option.name == "spec", help=help_text)
+
+
+def runtime_args_of(namespace: argparse.Namespace) -> RuntimeArgs:
+    """RuntimeArgs from what a parser with `add_runtime_options` read."""
+    values: dict[str, Any] = {option.name: getattr(namespace, option.name) for option in fields(RuntimeArgs)}
+    return RuntimeArgs(**values)
+
+
+def parse_runtime_args(argv: Sequence[str] | None = None) -> RuntimeArgs:
+    """The runtime's arguments from its command line (without RUNTIME_PROGRAM)."""
+    parser = argparse.ArgumentParser(prog=" ".join(RUNTIME_PROGRAM), description="Run an RLJob.")
+    add_runtime_options(parser)
+    return runtime_args_of(parser.parse_args(argv))

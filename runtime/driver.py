@@ -1,0 +1,211 @@
+"""The driver: one run of a job, from its plan to its last step and the exported model.
+
+    result = run_job(job, output_dir, base_dir, restart=False)
+
+1. `make_plan` checks everything that can be checked before anything is written or started (plan.py).
+2. Where the run starts: fresh or from the latest committed checkpoint (`Checkpointing.start_point`, by
+   the rule of checkpoint/policy.py `start_from`: a restart, `--resume`, always resumes).
+3. Ray and the worker groups start where the topology places them (workers/launch.py), and the trainers
+   load the checkpoint the run starts from.
+4. The controller steps (controller.py); after each step `StepRecorder` writes the metrics, saves when
+   due, publishes the RLJob's status, and stops the run after saving when SIGTERM arrived.
+5. The final checkpoint (the last step always saves) is exported as a Hugging Face model.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from kuberl.api import RLJob
+from kuberl.api.contract import CHECKPOINT_MOUNT_DIR
+from kuberl.runtime.checkpoint import CheckpointRef, CheckpointStore, PreemptionWatcher, should_save
+from kuberl.runtime.checkpoint.policy import Start, start_from
+from kuberl.runtime.controller import Controller, StepResult
+from kuberl.runtime.metrics import RunReporter
+from kuberl.runtime.models.resolve import default_cache_dir
+from kuberl.runtime.plan import RunConfigError, RunPlan, make_plan
+from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
+from kuberl.runtime.validation import validation_status
+from kuberl.runtime.workers.launch import Groups, start_groups, start_ray
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    output_dir: Path
+    steps: int
+    history: list[dict[str, Any]]
+    model_dir: Path | None
+    plot: Path | None
+
+
+class Preempted(Exception):
+    """SIGTERM arrived; the job saved what it had and stops to be resumed."""
+
+    def __init__(self, step: int, checkpoint: CheckpointRef | None) -> None:
+        super().__init__(f"preempted after step {step}")
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+def checkpoint_uri(job: RLJob, output_dir: Path) -> str:
+    """checkpoint.uri as given (relative paths inside the output folder), the claim's mount, or <output>/checkpoints."""
+    ckpt = job.spec.checkpoint
+    if ckpt.uri:
+        if "://" in ckpt.uri or Path(ckpt.uri).is_absolute():
+            return ckpt.uri
+        return str(output_dir / ckpt.uri)
+    if ckpt.pvc_claim_name:
+        return CHECKPOINT_MOUNT_DIR
+    return str(output_dir / "checkpoints")
+
+
+class Checkpointing:
+    """The driver's side of checkpoint-resume: where to start, when to save, the commit, the export.
+
+    `start_point` decides before any actor exists (a refusal costs nothing); `begin` loads the chosen
+    checkpoint into the trainers once the groups are up.
+    """
+
+    def __init__(self, job: RLJob, output_dir: Path) -> None:
+        self.job = job
+        self.spec = job.spec.checkpoint
+        self.store = CheckpointStore(checkpoint_uri(job, output_dir), self.spec.keep_last)
+        self.groups: Groups | None = None
+        self.last_step: int | None = None
+        self.last_time = time.monotonic()
+        self.latest: CheckpointRef | None = None
+
+    def start_point(self, restart: bool) -> CheckpointRef | None:
+        """The checkpoint the run resumes from, None to start fresh; refuses to start over saved work."""
+        ref = self.store.latest()
+        start = start_from(ref is not None, self.spec, restart)
+        if start == Start.REFUSE:
+            assert ref is not None
+            raise RunConfigError(
+                f"spec.checkpoint.resume is false, but {self.store.uri} holds checkpoints up to step {ref.step}; "
+                "point spec.checkpoint.uri (or --output) at an empty location, remove them, or pass --resume "
+                "to carry on from them"
+            )
+        return ref if start == Start.RESUME else None
+
+    def begin(self, groups: Groups, ref: CheckpointRef | None) -> int:
+        """Load `ref` into every trainer of `groups`; the step to start from (0: fresh)."""
+        self.groups = groups
+        if ref is None:
+            return 0
+        for group in groups.trainers:
+            group.call("load_checkpoint", ref.uri)
+        state = self.store.load_train_state(ref)
+        self.last_step, self.latest = int(state["step"]), ref
+        log.info("resumed from the checkpoint of step %d: %s", self.last_step, ref.uri)
+        return self.last_step
+
+    def after_step(self, step: int, epoch: int, *, final: bool, preempted: bool) -> None:
+        done = step + 1
+        if not should_save(done, self.last_step, self.last_time, time.monotonic(), self.spec, final, preempted):
+            return
+        location = self.store.begin(done)
+        assert self.groups is not None
+        for group in self.groups.trainers:  # each group's ranks write their own models' shards
+            group.call("save_checkpoint", location)
+        self.latest = self.store.commit(location, done, {"step": done, "epoch": epoch}, self.job.to_manifest())
+        self.last_step, self.last_time = done, time.monotonic()
+
+    def export(self, plan: RunPlan, directory: Path) -> Path | None:
+        """The latest checkpoint's actor as a Hugging Face folder (the last step always saves, so it is final)."""
+        if self.latest is None or self.groups is None:
+            return None
+        exported = self.groups.actor.call(
+            "export_hf", self.latest.uri, plan.model_paths["actor"], str(directory), plan.tokenizer_path
+        )
+        return Path(exported[0])
+
+
+class StepRecorder:
+    """What happens after each step: metrics, a checkpoint when due, the RLJob's status, the stop on SIGTERM."""
+
+    def __init__(
+        self,
+        plan: RunPlan,
+        checkpointing: Checkpointing,
+        reporter: RunReporter,
+        publisher: StatusPublisher,
+        preemption: PreemptionWatcher,
+    ) -> None:
+        self.plan = plan
+        self.checkpointing = checkpointing
+        self.reporter = reporter
+        self.publisher = publisher
+        self.preemption = preemption
+
+    def __call__(self, result: StepResult) -> None:
+        preempted = self.preemption.requested  # read once: the save and the stop decide on the same answer
+        total = self.plan.total_steps
+        final = result.step + 1 == total
+        self.reporter.log_step(result.step, result.epoch, result.metrics)
+        self.checkpointing.after_step(result.step, result.epoch, final=final, preempted=preempted)
+        latest = self.checkpointing.latest
+        progress = {
+            "step": result.step + 1,
+            "totalSteps": total,
+            "epoch": result.epoch,
+            "etaSeconds": self.reporter.eta_seconds(result.step),
+        }
+        validation = validation_status(result.metrics, result.step + 1)
+        self.publisher.publish(
+            progress, status_metrics(result.metrics), latest.to_status() if latest else None, validation
+        )
+        if preempted and not final:
+            raise Preempted(result.step + 1, latest)
+
+
+def run_job(
+    job: RLJob,
+    output_dir: Path,
+    base_dir: Path,
+    address: str | None = None,
+    progress: bool = True,
+    *,
+    restart: bool = False,
+) -> RunResult:
+    """Run `job` to the end; `restart` marks a restart of the same run (it resumes whatever
+    checkpoint.resume says). Raises on a job that cannot run, and `Preempted` after saving when SIGTERM
+    arrives."""
+    plan = make_plan(job, output_dir, base_dir, default_cache_dir())  # every check before anything is written
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "job.yaml").write_text(_yaml(job.to_manifest()), encoding="utf-8")
+    checkpointing = Checkpointing(job, output_dir)
+    resume_from = checkpointing.start_point(restart)  # before any actor: a refusal costs no compute
+    started_ray = start_ray(address, plan.topology)
+    groups: Groups | None = None
+    publisher = StatusPublisher.from_environment()
+    try:
+        with PreemptionWatcher() as preemption:
+            groups = start_groups(plan)
+            start_step = checkpointing.begin(groups, resume_from)
+            reporter = RunReporter(output_dir, plan.total_steps, start_step=start_step, show_progress=progress)
+            recorder = StepRecorder(plan, checkpointing, reporter, publisher, preemption)
+            try:
+                Controller(plan, groups).run(start_step, recorder)
+            finally:
+                plot = reporter.close()
+        model_dir = checkpointing.export(plan, output_dir / "model") if job.spec.checkpoint.export_hf else None
+        return RunResult(output_dir, plan.total_steps, reporter.history, model_dir, plot)
+    finally:
+        publisher.close()
+        if groups is not None:
+            groups.shutdown()
+        if started_ray:
+            ray.shutdown()
+
+
+def _yaml(data: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
