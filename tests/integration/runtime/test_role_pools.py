@@ -1,0 +1,52 @@
+"""Roles on pools of their own: a PPO job whose critic and reference have `spec.resources` entries runs
+them as worker groups of their own, on their pools' Ray resources, not inside the actor's workers."""
+
+from typing import Any
+
+import pytest
+
+from kuberl.runtime import driver
+from kuberl.runtime.driver import run_job
+from kuberl.runtime.workers.launch import Groups
+from tests.integration.runtime.jobs import demo_base_dir, demo_job
+
+pytestmark = pytest.mark.integration
+
+
+def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ray_session, tmp_path, monkeypatch):
+    job = demo_job(
+        **{
+            "algorithm": {"name": "ppo", "groupSize": 1, "kl": {"coef": 0.05}},
+            "models.critic": {"optim": {"lr": 0.003}},
+            "training.totalSteps": 2,
+            "checkpoint.exportHf": False,
+            "resources": {
+                "actor": {"replicas": 2, "cpus": 0.5},
+                "critic": {"replicas": 1, "cpus": 0.5},  # another rank count than the actor's
+                "reference": {"replicas": 1, "cpus": 0.5},
+            },
+        }
+    )
+    hosted: dict[str, list[dict[str, Any]]] = {}
+    start_groups = driver.start_groups
+
+    def start_and_look(plan) -> Groups:  # the real groups; the test only asks each rank what it holds
+        groups = start_groups(plan)
+        for name in ("actor", "critic", "reference"):
+            hosted[name] = getattr(groups, name).call("hosted")
+        return groups
+
+    monkeypatch.setattr(driver, "start_groups", start_and_look)
+    run = run_job(job, tmp_path, demo_base_dir(), progress=False)
+
+    assert [record["step"] for record in run.history] == [1, 2]
+    assert all("critic/loss" in record and "kl/mean" in record for record in run.history)
+    assert [rank["models"] for rank in hosted["actor"]] == [["actor", "rollout"]] * 2
+    assert [rank["models"] for rank in hosted["critic"]] == [["critic"]]
+    assert [rank["models"] for rank in hosted["reference"]] == [["reference"]]
+    pids = {name: {rank["pid"] for rank in ranks} for name, ranks in hosted.items()}
+    assert len(pids["actor"] | pids["critic"] | pids["reference"]) == 4  # four processes: nothing shared
+    for name, ranks in hosted.items():  # each on a unit of its own pool's resource
+        assert all(rank["resources"].get(f"kuberl_{name}") == 1 for rank in ranks), ranks
+    # the critic's own ranks saved their model into the final checkpoint beside the actor's
+    assert (tmp_path / "checkpoints" / "step-000002" / "critic" / ".metadata").is_file()
