@@ -16,7 +16,7 @@ from kuberl.api.enums import (
     RolloutEngine,
     RolloutMode,
 )
-from kuberl.api.limits import MAX_BATCH, MAX_COEFFICIENT, MAX_DURATION_SECONDS, MAX_SEED, MAX_STEPS
+from kuberl.api.limits import MAX_BATCH, MAX_COEFFICIENT, MAX_DURATION_SECONDS, MAX_SEED, MAX_STEPS, MAX_STREAK
 from kuberl.api.resources import ResourcesSpec
 from kuberl.api.rules import CHECKPOINT_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
 
@@ -220,6 +220,36 @@ class RewardSpec(KuberlModel):
         description="DAPO's soft overlong punishment, added to every response's score. "
         "Default: on with algorithm.name dapo, off otherwise.",
     )
+    sample_timeout_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="function only: the longest one call of the function on one sample may take. The function "
+        "runs in a child process of its reward worker; a call still running after this is stopped (the process is "
+        "replaced) and that sample fails with the reason, the others of its batch are scored.",
+    )
+    batch_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="The longest a reward worker may take over one batch of batchSize samples (an endpoint's "
+        "retries included). A worker still busy after this is replaced and the batch goes to another; after 3 "
+        "attempts its samples fail.",
+    )
+    max_failure_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Fail the job when more than this share of the samples scored over the last "
+        "failureWindowSteps steps failed (the reward raised, timed out or returned no finite number); the reason "
+        "names the reward. 1 never fails the job.",
+    )
+    failure_window_steps: int = Field(
+        5,
+        ge=1,
+        le=MAX_STREAK,
+        description="Steps over which maxFailureFraction is measured; the job is judged once this many steps ran.",
+    )
 
     @field_validator("function")
     @classmethod
@@ -343,6 +373,22 @@ class TrainingSpec(KuberlModel):
     )
     micro_batch_size: int = Field(
         8, ge=1, le=MAX_BATCH, description="Sequences per forward/backward pass on one rank (gradient accumulation)."
+    )
+    step_timeout_seconds: float = Field(
+        3600.0,
+        gt=0,
+        le=7 * 86400,
+        description="The longest one training step (rollout to weight sync) may take. A step still waiting after "
+        "this fails the job with a reason naming the stage it waited on; the operator restarts it from the latest "
+        "checkpoint under runPolicy.",
+    )
+    max_non_finite_steps: int = Field(
+        3,
+        ge=1,
+        le=MAX_STREAK,
+        description="A step whose loss or gradient norm is NaN or infinite skips its optimiser update, is recorded "
+        "as such in the metrics, and saves no checkpoint. This many such steps in a row fail the job; the "
+        "checkpoints from before them are kept and status.lastCheckpoint names the newest.",
     )
     validation_every_steps: int | None = Field(
         None,

@@ -19,6 +19,8 @@ log = logging.getLogger("kuberl.runtime")
 EXIT_CONFIG_ERROR = 1
 #: The job stopped early (preemption) after saving: restart it and it resumes. (sysexits EX_TEMPFAIL)
 EXIT_RESUMABLE = 75
+#: Training could not go on (runtime/health.py, a step past training.stepTimeoutSeconds). (sysexits EX_SOFTWARE)
+EXIT_JOB_FAILED = 70
 
 
 @dataclass
@@ -195,6 +197,7 @@ def run_job(
 
     from kuberl.runtime.checkpoint import PreemptionWatcher
     from kuberl.runtime.controller import Controller, Groups, StepResult
+    from kuberl.runtime.health import JobFailed, RunHealth
     from kuberl.runtime.metrics import RunReporter
     from kuberl.runtime.plan import make_plan
     from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
@@ -217,11 +220,14 @@ def run_job(
             start_step = checkpointing.resume()
             controller = Controller(plan, Groups(actor=actor, reward=reward, rollout=rollout))
             reporter = RunReporter(output_dir, plan.total_steps, start_step=start_step, show_progress=progress)
+            health = RunHealth.from_spec(job.spec)
 
             def on_step(result: StepResult) -> None:
                 reporter.log_step(result.step, result.epoch, result.metrics)
                 final = result.step + 1 == plan.total_steps
-                checkpointing.after_step(result.step, result.epoch, final=final, preempted=preemption.requested)
+                failure = health.observe(result.step + 1, result.metrics, reward.last_failure)
+                if health.may_checkpoint:  # never after a NaN step: keepLast would rotate out the good ones
+                    checkpointing.after_step(result.step, result.epoch, final=final, preempted=preemption.requested)
                 latest = checkpointing.latest.to_status() if checkpointing.latest else None
                 progress_status = {
                     "step": result.step + 1,
@@ -231,11 +237,15 @@ def run_job(
                 }
                 validation = validation_status(result.metrics, result.step + 1)
                 publisher.publish(progress_status, status_metrics(result.metrics), latest, validation)
+                if failure is not None:
+                    raise failure
                 if preemption.requested and not final:
                     raise Preempted(result.step + 1, checkpointing.latest)
 
             try:
                 controller.run(start_step, on_step)
+            except JobFailed as failure:  # status.lastCheckpoint names the same one
+                raise failure.with_checkpoint(checkpointing.latest) from None
             finally:
                 plot = reporter.close()
         model_dir = None
@@ -262,6 +272,7 @@ def _yaml(data: dict[str, Any]) -> str:
 
 def run_from_cli(args: argparse.Namespace) -> int:
     from kuberl.runtime.data import DataError
+    from kuberl.runtime.health import JobFailed
     from kuberl.runtime.models.resolve import ModelNotFoundError
     from kuberl.runtime.plan import RunConfigError
     from kuberl.runtime.rewards.functions import RewardConfigError
@@ -278,6 +289,9 @@ def run_from_cli(args: argparse.Namespace) -> int:
     except (RunConfigError, DataError, ModelNotFoundError, RewardConfigError) as error:
         print(f"kuberl run: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except JobFailed as failure:
+        print(f"kuberl run: the job failed: {failure}", file=sys.stderr)
+        return EXIT_JOB_FAILED
     except Preempted as stop:
         where = stop.checkpoint.uri if stop.checkpoint else "nowhere (checkpoint.saveOnPreemption is false)"
         print(f"kuberl run: stopped by a signal after step {stop.step}; saved to {where}; run again to resume")
