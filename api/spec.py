@@ -18,7 +18,7 @@ from kuberl.api.enums import (
 )
 from kuberl.api.limits import MAX_BATCH, MAX_COEFFICIENT, MAX_DURATION_SECONDS, MAX_SEED, MAX_STEPS, MAX_STREAK
 from kuberl.api.resources import ResourcesSpec
-from kuberl.api.rules import CHECKPOINT_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
+from kuberl.api.rules import CHECKPOINT_RULES, REWARD_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
 
 #: Schemes a model or data location may use; anything else is refused at the door.
 #: tiny://NAME is a small model kuberl builds locally with random weights (demos and tests; no download).
@@ -272,6 +272,7 @@ class RewardSpec(KuberlModel):
                 "a reward is exactly one of function, model or endpoint (found: {found})",
                 {"found": found},
             )
+        raise_rule_problems(self, REWARD_RULES)
         return self
 
 

@@ -58,6 +58,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from kuberl.api.rules import ENDPOINT_BACKOFF_CAP_SECONDS
 from kuberl.api.spec import RewardEndpointSpec
 from kuberl.runtime.rewards.functions import RewardResult
 
@@ -78,7 +79,7 @@ class EndpointCallError(Exception):
         self.retryable = retryable
 
 
-def backoff_delay(retry: int, base_s: float = 0.5, cap_s: float = 30.0) -> float:
+def backoff_delay(retry: int, base_s: float = 0.5, cap_s: float = ENDPOINT_BACKOFF_CAP_SECONDS) -> float:
     """Seconds to wait before retry number `retry` (0 for the first retry): base * 2^retry, at most cap."""
     return min(cap_s, base_s * 2.0**retry)
 
@@ -160,7 +161,8 @@ def _watched(base: type[http.client.HTTPConnection], deadline: float) -> type[ht
 
     class WatchedConnection(base):  # type: ignore[valid-type,misc]
         def connect(self) -> None:
-            self.timeout = max(0.001, min(self.timeout or math.inf, deadline - time.monotonic()))
+            given: float | None = getattr(self, "timeout", None)  # urllib's per-operation timeout
+            self.timeout = max(0.001, min(given or math.inf, deadline - time.monotonic()))
             super().connect()
             # urllib drops its reference to the socket once the headers are in; the body is read through it
             watched = self.sock
@@ -231,7 +233,7 @@ class RewardEndpointClient:
         max_concurrency: int = 8,
         token: str | None = None,
         backoff_base_s: float = 0.5,
-        backoff_cap_s: float = 30.0,
+        backoff_cap_s: float = ENDPOINT_BACKOFF_CAP_SECONDS,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = url

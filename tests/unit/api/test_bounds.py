@@ -49,3 +49,17 @@ def test_the_largest_seed_numpy_and_vllm_take_is_accepted(minimal_manifest):
     np.random.seed(job.spec.training.seed)  # the 32-bit seed API refuses 2**32
     with pytest.raises(ValueError):
         np.random.seed(MAX_SEED + 1)
+
+
+def test_a_batch_timeout_shorter_than_the_endpoint_may_retry_is_refused(minimal_manifest):
+    minimal_manifest["spec"]["reward"] = {
+        "endpoint": {"url": "https://judge.example/score", "timeoutSeconds": 300, "maxRetries": 2},
+        "batchTimeoutSeconds": 600,
+    }
+    with pytest.raises(ManifestError) as refused:
+        parse_rljob(minimal_manifest)
+    (problem,) = refused.value.problems
+    assert problem.path == "spec.reward.batchTimeoutSeconds"
+    assert "3 attempts of timeoutSeconds (300) and the backoff between them, up to 960 s" in problem.message
+    minimal_manifest["spec"]["reward"]["batchTimeoutSeconds"] = 960
+    assert parse_rljob(minimal_manifest).spec.reward.batch_timeout_seconds == 960
