@@ -18,6 +18,7 @@ from kuberl.api.enums import (
     LossAggregation,
     PolicyLoss,
 )
+from kuberl.api.limits import MAX_BATCH, MAX_COEFFICIENT
 from kuberl.api.policy_losses import (
     LOSS_DEFAULT_AGGREGATION,
     LOSS_KNOB_MODELS,
@@ -149,6 +150,7 @@ class KLSpec(KuberlModel):
     coef: float | None = Field(
         None,
         ge=0,
+        le=MAX_COEFFICIENT,
         description="Weight of the KL term; 0 turns it off and no reference model is run. "
         "Default: the preset's (0.001 for grpo/ppo/rloo/reinforce_pp/remax, 0 for dr_grpo and dapo).",
     )
@@ -218,6 +220,7 @@ class AlgorithmSpec(KuberlModel):
     dual_clip_c: float | None = Field(
         3.0,
         gt=1,
+        le=MAX_COEFFICIENT,
         description="ppo_clip only. Dual-clip PPO (Ye et al., arXiv 1912.09729): for negative advantages the loss "
         "is bounded by c * |A|. null turns dual clip off.",
     )
@@ -254,16 +257,22 @@ class AlgorithmSpec(KuberlModel):
         "truncated and/or masked importance sampling against the engine's log-probs.",
     )
     kl: KLSpec = Field(default_factory=KLSpec, description="The KL penalty toward the reference model.")
-    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus in the actor loss.")
+    entropy_coef: float = Field(
+        0.0, ge=0, le=MAX_COEFFICIENT, description="Weight of the entropy bonus in the actor loss."
+    )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor (gae, reinforce_plus_plus).")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     value_clip: float | None = Field(
-        0.2, gt=0, description="Critic: clip the new value within +-valueClip of the old one; null turns it off."
+        0.2,
+        gt=0,
+        le=MAX_COEFFICIENT,
+        description="Critic: clip the new value within +-valueClip of the old one; null turns it off.",
     )
     ppo_epochs: int = Field(1, ge=1, le=100, description="Passes of optimisation over each rollout batch.")
     mini_batch_size: int | None = Field(
         None,
         ge=1,
+        le=MAX_BATCH,
         description="Prompts per optimiser step (each with groupSize responses). Must divide data.batchSize. "
         "Default: data.batchSize (one optimiser step per batch per epoch).",
     )

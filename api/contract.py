@@ -73,6 +73,9 @@ class ExitCode(IntEnum):
     SUCCESS = 0
     #: The job cannot run as specified (the message names the field or file): restarting will not help.
     CONFIG_ERROR = 1
+    #: Training could not go on (runtime/health.py: NaN updates in a row, rewards that keep failing, a step
+    #: past training.stepTimeoutSeconds); the last good checkpoint is kept. (sysexits EX_SOFTWARE)
+    JOB_FAILED = 70
     #: Stopped early after saving what it had (preemption): restart it and it resumes. (sysexits EX_TEMPFAIL)
     RESUMABLE = 75
 

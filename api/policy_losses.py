@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from kuberl.api.base import KuberlModel
 from kuberl.api.enums import LossAggregation, PolicyLoss
+from kuberl.api.limits import MAX_COEFFICIENT
 
 
 class ClipCovSpec(KuberlModel):
@@ -25,8 +26,12 @@ class ClipCovSpec(KuberlModel):
         description="Share of the tokens whose gradient Clip-Cov detaches, drawn at random among those whose "
         "covariance of advantage and log-prob lies between lowerBound and upperBound (arXiv 2505.22617).",
     )
-    lower_bound: float = Field(1.0, description="Covariance above which a token may be detached.")
-    upper_bound: float = Field(5.0, description="Covariance below which a token may be detached.")
+    lower_bound: float = Field(
+        1.0, ge=-MAX_COEFFICIENT, le=MAX_COEFFICIENT, description="Covariance above which a token may be detached."
+    )
+    upper_bound: float = Field(
+        5.0, ge=-MAX_COEFFICIENT, le=MAX_COEFFICIENT, description="Covariance below which a token may be detached."
+    )
 
     @model_validator(mode="after")
     def _bounds_in_order(self) -> "ClipCovSpec":
@@ -45,7 +50,9 @@ class KLCovSpec(KuberlModel):
         description="Share of the tokens with the largest covariance of advantage and log-prob that get the "
         "|log-ratio| penalty (KL-Cov, arXiv 2505.22617).",
     )
-    coef: float = Field(1.0, ge=0, description="Weight of the |log pi - log pi_old| penalty on those tokens.")
+    coef: float = Field(
+        1.0, ge=0, le=MAX_COEFFICIENT, description="Weight of the |log pi - log pi_old| penalty on those tokens."
+    )
 
 
 class SAPOSpec(KuberlModel):
@@ -54,11 +61,15 @@ class SAPOSpec(KuberlModel):
     tau_positive: float = Field(
         1.0,
         gt=0,
+        le=MAX_COEFFICIENT,
         description="Temperature of SAPO's soft gate sigmoid(tau * (r - 1)) * 4 / tau for tokens with a positive "
         "advantage (arXiv 2511.20347); larger tau closes the gate faster as the ratio leaves 1.",
     )
     tau_negative: float = Field(
-        1.05, gt=0, description="The gate's temperature for tokens with a zero or negative advantage."
+        1.05,
+        gt=0,
+        le=MAX_COEFFICIENT,
+        description="The gate's temperature for tokens with a zero or negative advantage.",
     )
 
 

@@ -5,6 +5,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from kuberl.api.base import KuberlModel
+from kuberl.api.limits import MAX_DURATION_SECONDS
 from kuberl.api.rules import RESOURCES_RULES, raise_rule_problems
 
 #: A Kubernetes resource quantity such as 16Gi, 512Mi or 1e9 — the subset kuberl accepts.
@@ -22,7 +23,10 @@ class Toleration(KuberlModel):
         None, description="Taint effect to match; empty matches all effects."
     )
     toleration_seconds: int | None = Field(
-        None, ge=0, description="NoExecute only: how long the pod stays bound after the taint appears."
+        None,
+        ge=0,
+        le=MAX_DURATION_SECONDS,
+        description="NoExecute only: how long the pod stays bound after the taint appears.",
     )
 
 
@@ -54,7 +58,9 @@ class RoleResources(KuberlModel):
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels the role's pods must land on, e.g. a GPU type."
     )
-    tolerations: list[Toleration] = Field(default_factory=list, description="Taints the role's pods tolerate.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Taints the role's pods tolerate."
+    )
     pod_template: dict[str, Any] | None = Field(
         None,
         description="A partial pod template merged over the one kuberl builds for this role "

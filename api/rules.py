@@ -25,7 +25,7 @@ from kuberl.api.policy_losses import LOSS_KNOB_SECTIONS, SEQUENCE_LEVEL_LOSSES
 if TYPE_CHECKING:
     from kuberl.api.algorithm import AlgorithmSpec
     from kuberl.api.resources import ResourcesSpec
-    from kuberl.api.spec import CheckpointSpec, RLJobSpec, RolloutSpec
+    from kuberl.api.spec import CheckpointSpec, RewardSpec, RLJobSpec, RolloutSpec
 
 RuleProblem = tuple[tuple[str | int, ...], str]
 Rule = Callable[[Any], Iterator[RuleProblem]]
@@ -189,6 +189,29 @@ def overlong_buffer_fits_the_budget(spec: "RLJobSpec") -> Iterator[RuleProblem]:
         )
 
 
+#: The longest wait between two attempts of an endpoint request (runtime/rewards/endpoint.py backoff_delay's cap).
+ENDPOINT_BACKOFF_CAP_SECONDS = 30.0
+
+
+def batch_timeout_covers_endpoint_retries(reward: "RewardSpec") -> Iterator[RuleProblem]:
+    """The pool would replace an endpoint worker while it is still retrying within its own limits."""
+    endpoint = reward.endpoint
+    if endpoint is None:
+        return
+    attempts = endpoint.max_retries + 1
+    longest = attempts * endpoint.timeout_seconds + endpoint.max_retries * ENDPOINT_BACKOFF_CAP_SECONDS
+    if reward.batch_timeout_seconds < longest:
+        yield (
+            ("batchTimeoutSeconds",),
+            (
+                f"batchTimeoutSeconds ({reward.batch_timeout_seconds:g}) is shorter than one batch may take at the "
+                f"endpoint: {attempts} attempts of timeoutSeconds ({endpoint.timeout_seconds:g}) and the backoff "
+                f"between them, up to {longest:g} s; raise batchTimeoutSeconds or lower endpoint.timeoutSeconds "
+                "or endpoint.maxRetries"
+            ),
+        )
+
+
 def validation_needs_prompts(spec: "RLJobSpec") -> Iterator[RuleProblem]:
     if spec.training.validation_every_steps is not None and spec.data.validation is None:
         yield (
@@ -203,6 +226,7 @@ ALGORITHM_RULES: tuple[Rule, ...] = (
     loss_knobs_belong_to_the_chosen_loss,
     dynamic_sampling_needs_groups,
 )
+REWARD_RULES: tuple[Rule, ...] = (batch_timeout_covers_endpoint_retries,)
 RESOURCES_RULES: tuple[Rule, ...] = (replicas_within_bounds,)
 ROLLOUT_RULES: tuple[Rule, ...] = (engine_logprobs_need_sampling_at_temperature,)
 CHECKPOINT_RULES: tuple[Rule, ...] = (checkpoint_storage_is_one_place,)

@@ -17,8 +17,9 @@ from kuberl.api.enums import (
     RolloutEngine,
     RolloutMode,
 )
+from kuberl.api.limits import MAX_BATCH, MAX_COEFFICIENT, MAX_DURATION_SECONDS, MAX_SEED, MAX_STEPS, MAX_STREAK
 from kuberl.api.resources import ResourcesSpec
-from kuberl.api.rules import CHECKPOINT_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
+from kuberl.api.rules import CHECKPOINT_RULES, REWARD_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
 
 #: Schemes a model or data location may use; anything else is refused at the door.
 #: tiny://NAME is a small model kuberl builds locally with random weights (demos and tests; no download).
@@ -53,13 +54,15 @@ class OptimizerSpec(KuberlModel):
     """AdamW and its learning-rate schedule."""
 
     lr: float = Field(1e-6, gt=0, le=1, description="Peak learning rate.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    betas: list[float] = Field(
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
+    betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
         default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2, description="AdamW betas [beta1, beta2]."
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps from 0 to lr.")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear warm-up steps from 0 to lr.")
     schedule: LRSchedule = Field(LRSchedule.CONSTANT, description="Schedule after warm-up: constant, cosine, linear.")
-    grad_clip: float | None = Field(1.0, gt=0, description="Clip the global gradient norm to this; null: no clip.")
+    grad_clip: float | None = Field(
+        1.0, gt=0, le=1e6, description="Clip the global gradient norm to this; null: no clip."
+    )
 
 
 class ModelSource(KuberlModel):
@@ -85,7 +88,10 @@ class LoRASpec(KuberlModel):
 
     rank: int = Field(8, ge=1, le=512, description="Rank r of each adapter (B @ A, A: r x in, B: out x r).")
     alpha: int = Field(
-        16, ge=1, description="Scaling numerator: an adapter adds (alpha / rank) * B @ A to its layer's weight."
+        16,
+        ge=1,
+        le=1 << 16,
+        description="Scaling numerator: an adapter adds (alpha / rank) * B @ A to its layer's weight.",
     )
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on each adapter's input while training.")
     target_modules: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.\-]+$", max_length=128)]] = Field(
@@ -163,7 +169,7 @@ class ModelsSpec(KuberlModel):
 class RewardModelSpec(ModelSource):
     """A sequence-classification model that scores prompt + response."""
 
-    batch_size: int = Field(16, ge=1, description="Sequences per forward pass.")
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="Sequences per forward pass.")
 
 
 class RewardEndpointSpec(KuberlModel):
@@ -190,6 +196,7 @@ class OverlongPenaltySpec(KuberlModel):
     buffer_length: int | None = Field(
         None,
         ge=1,
+        le=131072,
         description="The punishment interval L_cache in tokens: a response longer than rollout.maxNewTokens - "
         "bufferLength loses (length - (maxNewTokens - bufferLength)) / bufferLength * penaltyFactor, "
         "reaching -penaltyFactor at maxNewTokens. Default: a fifth of maxNewTokens (DAPO: 4096 of 20480).",
@@ -208,11 +215,41 @@ class RewardSpec(KuberlModel):
     )
     model: RewardModelSpec | None = Field(None, description="A sequence-classification reward model.")
     endpoint: RewardEndpointSpec | None = Field(None, description="An HTTP reward service.")
-    batch_size: int = Field(32, ge=1, le=65536, description="Samples sent to one reward worker at a time.")
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH, description="Samples sent to one reward worker at a time.")
     overlong_penalty: OverlongPenaltySpec | None = Field(
         None,
         description="DAPO's soft overlong punishment, added to every response's score. "
         "Default: on with algorithm.name dapo, off otherwise.",
+    )
+    sample_timeout_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="function only: the longest one call of the function on one sample may take. The function "
+        "runs in a child process of its reward worker; a call still running after this is stopped (the process is "
+        "replaced) and that sample fails with the reason, the others of its batch are scored.",
+    )
+    batch_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="The longest a reward worker may take over one batch of batchSize samples (an endpoint's "
+        "retries included). A worker still busy after this is replaced and the batch goes to another; after 3 "
+        "attempts its samples fail.",
+    )
+    max_failure_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Fail the job when more than this share of the samples scored over the last "
+        "failureWindowSteps steps failed (the reward raised, timed out or returned no finite number); the reason "
+        "names the reward. 1 never fails the job.",
+    )
+    failure_window_steps: int = Field(
+        5,
+        ge=1,
+        le=MAX_STREAK,
+        description="Steps over which maxFailureFraction is measured; the job is judged once this many steps ran.",
     )
 
     @field_validator("function")
@@ -236,6 +273,7 @@ class RewardSpec(KuberlModel):
                 "a reward is exactly one of function, model or endpoint (found: {found})",
                 {"found": found},
             )
+        raise_rule_problems(self, REWARD_RULES)
         return self
 
 
@@ -252,7 +290,9 @@ class RolloutSpec(KuberlModel):
     )
     temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature; 0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int | None = Field(None, ge=1, description="Sample among the k most likely tokens; null: no limit.")
+    top_k: int | None = Field(
+        None, ge=1, le=1 << 24, description="Sample among the k most likely tokens; null: no limit."
+    )
     max_new_tokens: int = Field(256, ge=1, le=131072, description="Most tokens generated per response.")
     stop: list[str] = Field(default_factory=list, max_length=16, description="Strings that end a response.")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine spans (vllm).")
@@ -260,14 +300,19 @@ class RolloutSpec(KuberlModel):
         0.5, gt=0, le=0.95, description="vllm on GPU: share of GPU memory for weights and KV cache."
     )
     kv_cache_bytes: int | None = Field(
-        None, ge=1 << 20, description="vllm: KV-cache size in bytes (required on CPU; overrides the GPU share)."
+        None,
+        ge=1 << 20,
+        le=1 << 44,
+        description="vllm: KV-cache size in bytes (required on CPU; overrides the GPU share).",
     )
     verify_sync: bool = Field(
         False,
         description="After each weight sync, recompute the log-probs of a fixed probe in the engine and fail "
         "if they differ from the trainer's beyond verifySyncTolerance.",
     )
-    verify_sync_tolerance: float = Field(1e-4, gt=0, description="Largest allowed log-prob difference.")
+    verify_sync_tolerance: float = Field(
+        1e-4, gt=0, le=MAX_COEFFICIENT, description="Largest allowed log-prob difference."
+    )
     use_engine_logprobs: bool = Field(
         False,
         description="Bypass mode (verl's): the engine's log-probs of the sampled tokens are the behaviour policy "
@@ -319,14 +364,39 @@ class TrainingSpec(KuberlModel):
 
     epochs: int = Field(1, ge=1, le=100000, description="Passes over the training prompts.")
     total_steps: int | None = Field(
-        None, ge=1, description="Stop after this many steps. Default: epochs x steps per epoch."
+        None, ge=1, le=MAX_STEPS, description="Stop after this many steps. Default: epochs x steps per epoch."
     )
-    seed: int = Field(0, ge=0, description="Seeds shuffling, sampling and initialisation; runs replay exactly.")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description="Seeds shuffling, sampling and initialisation; runs replay exactly. Below 2^32 (numpy and vLLM "
+        "take 32-bit seeds).",
+    )
     micro_batch_size: int = Field(
-        8, ge=1, description="Sequences per forward/backward pass on one rank (gradient accumulation)."
+        8, ge=1, le=MAX_BATCH, description="Sequences per forward/backward pass on one rank (gradient accumulation)."
+    )
+    step_timeout_seconds: float = Field(
+        3600.0,
+        gt=0,
+        le=7 * 86400,
+        description="The longest one training step (rollout to weight sync) may take. A step still waiting after "
+        "this fails the job with a reason naming the stage it waited on; the operator restarts it from the latest "
+        "checkpoint under runPolicy.",
+    )
+    max_non_finite_steps: int = Field(
+        3,
+        ge=1,
+        le=MAX_STREAK,
+        description="A step whose loss or gradient norm is NaN or infinite skips its optimiser update, is recorded "
+        "as such in the metrics, and saves no checkpoint. This many such steps in a row fail the job; the "
+        "checkpoints from before them are kept and status.lastCheckpoint names the newest.",
     )
     validation_every_steps: int | None = Field(
-        None, ge=1, description="Score data.validation every N steps (it is always scored after the last step)."
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Score data.validation every N steps (it is always scored after the last step).",
     )
     compute_dtype: ComputeDType = Field(
         ComputeDType.AUTO,
@@ -355,8 +425,12 @@ class CheckpointSpec(KuberlModel):
         description="Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and optional AWS_ENDPOINT_URL) "
         "for s3:// URIs.",
     )
-    interval_steps: int | None = Field(50, ge=1, description="Save every N steps; null: only on time or preemption.")
-    interval_minutes: float | None = Field(None, gt=0, description="Also save when this much time passed.")
+    interval_steps: int | None = Field(
+        50, ge=1, le=MAX_STEPS, description="Save every N steps; null: only on time or preemption."
+    )
+    interval_minutes: float | None = Field(
+        None, gt=0, le=MAX_DURATION_SECONDS / 60, description="Also save when this much time passed."
+    )
     keep_last: int = Field(3, ge=1, le=1000, description="Complete checkpoints kept; the newest is never deleted.")
     save_on_preemption: bool = Field(True, description="On SIGTERM, save before exiting (within the grace period).")
     resume: bool = Field(
@@ -384,11 +458,11 @@ class RunPolicy(KuberlModel):
     max_restarts: int = Field(3, ge=0, le=1000, description="Restarts from the latest checkpoint before Failed.")
     backoff_seconds: int = Field(30, ge=0, le=86400, description="Wait before a restart (doubles each time).")
     active_deadline_seconds: int | None = Field(
-        None, ge=1, description="Fail the job when it has run this long, restarts included."
+        None, ge=1, le=MAX_DURATION_SECONDS, description="Fail the job when it has run this long, restarts included."
     )
     suspend: bool = Field(False, description="true tears the Ray cluster down and keeps checkpoints; false resumes.")
     ttl_seconds_after_finished: int | None = Field(
-        None, ge=0, description="Delete the job this long after it succeeded or failed."
+        None, ge=0, le=MAX_DURATION_SECONDS, description="Delete the job this long after it succeeded or failed."
     )
 
 

@@ -93,6 +93,15 @@ def backoff_seconds(base: int, restarts: int) -> float:
     return float(min(base * 2 ** min(restarts, 32), MAX_BACKOFF_SECONDS))
 
 
+def later(moment: datetime, seconds: float) -> datetime:
+    """`moment` plus `seconds`, or the last representable moment: a time near year 9999 in a status never
+    makes a pass raise OverflowError (it would fail on every pass, forever)."""
+    try:
+        return moment + timedelta(seconds=seconds)
+    except OverflowError:
+        return datetime.max.replace(tzinfo=moment.tzinfo)
+
+
 def owned_by(child: dict[str, Any], uid: str) -> bool:
     refs = child.get("metadata", {}).get("ownerReferences") or []
     return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
@@ -245,7 +254,7 @@ def _finished(p: _Pass) -> bool:
     p.delete_all_but(None if deadline else p.before.ray_job_name)
     ttl, completed = p.policy.ttl_seconds_after_finished, parse_time(p.before.completion_time)
     if ttl is not None and completed is not None:
-        due = completed + timedelta(seconds=ttl)
+        due = later(completed, ttl)
         if p.now >= due:
             p.delete_rljob = True
         else:
@@ -267,7 +276,7 @@ def _deadline(p: _Pass) -> bool:
     limit, started = p.policy.active_deadline_seconds, parse_time(p.before.start_time)
     if limit is None or started is None or p.policy.suspend:
         return False
-    due = started + timedelta(seconds=limit)
+    due = later(started, limit)
     if p.now < due:
         p.requeue.append((due - p.now).total_seconds())
         return False
@@ -373,7 +382,7 @@ def _failed(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
     delay = backoff_seconds(p.policy.backoff_seconds, restarts)
     waiting = find_condition(p.status.conditions, ConditionType.RESTARTING)
     since = parse_time(waiting.get("lastTransitionTime")) if waiting and waiting.get("status") == "True" else None
-    due = (since or p.now) + timedelta(seconds=delay)
+    due = later(since or p.now, delay)
     if p.now >= due:
         following = names.next_rayjob_name(p.owner.name, name)
         message = f"{failure}; restart {restarts + 1} of {limit}: {following} resumes from the latest checkpoint"

@@ -64,7 +64,7 @@ def parse_time(text: str | None) -> datetime | None:
         return None
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an offset that moves year 1 or 9999 out of range
         return None
 
 

@@ -30,6 +30,7 @@ from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
 from kuberl.runtime.algorithms.shaping import overlong_penalty
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.data import Prompt
+from kuberl.runtime.deadline import bounded_get, step_deadline
 from kuberl.runtime.dynamic_sampling import DynamicSampler, filter_values
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.metrics import TOKENS_PER_SECOND
@@ -110,10 +111,12 @@ class Controller:
         if start_step > 0 and self.groups.rollout is not None:
             self.sync(None, start_step)  # the pool starts from the initial model; resumed weights are newer
         for step in range(start_step, self.plan.total_steps):
-            result = self.step(step)
+            with step_deadline(step + 1, self.spec.training.step_timeout_seconds):
+                result = self.step(step)
             if self.validation_due(step):
                 started = time.perf_counter()
-                result.metrics.update(self.validate(step))
+                with step_deadline(step + 1, self.spec.training.step_timeout_seconds):  # a budget of its own
+                    result.metrics.update(self.validate(step))
                 result.metrics["time/validation"] = time.perf_counter() - started
             on_step(result)
 
@@ -176,8 +179,6 @@ class Controller:
         self, prompts: list[Prompt], step: int, greedy: bool = False, stream: int = 0
     ) -> list[list[Generation]]:
         """Prompts split over the engines: the actor's ranks (colocated) or the rollout replicas (separate)."""
-        import ray
-
         separate = self.groups.rollout is not None
         group = self.groups.rollout if separate else self.groups.actor
         assert group is not None
@@ -188,7 +189,8 @@ class Controller:
             params = self.sampling(step, rank, greedy=greedy, stream=stream)
             version = (self.weight_version,) if separate else ()
             calls.append(group.workers[rank].generate.remote(inputs, params, *version))
-        return [generations for part in ray.get(calls) for generations in part]
+        parts = bounded_get(calls, f"generate on the {group.group.name} workers")
+        return [generations for part in parts for generations in part]
 
     def rollout(self, prompts: list[Prompt], step: int, round_index: int = 0) -> RolloutBatch:
         generations = self._generate(prompts, step, stream=round_index)

@@ -160,9 +160,9 @@ def read_records(location: str, field: str, base_dir: Path) -> list[SourceRecord
 def _read_remote(uri: str, field: str) -> list[SourceRecord]:
     scheme = uri.split("://", 1)[0]
     try:
-        import fsspec
+        from kuberl.runtime.objectstore import url_to_fs
 
-        filesystem, root = fsspec.core.url_to_fs(uri)
+        filesystem, root = url_to_fs(uri)
     except ImportError as error:
         package = {"s3": "s3fs", "gs": "gcsfs"}.get(scheme, "fsspec")
         raise DataError(

@@ -8,7 +8,8 @@
 3. Ray and the worker groups start where the topology places them (workers/launch.py), and the trainers
    load the checkpoint the run starts from.
 4. The controller steps (controller.py); after each step `StepRecorder` writes the metrics, saves when
-   due, publishes the RLJob's status, and stops the run after saving when SIGTERM arrived.
+   due (never after a NaN update), publishes the RLJob's status, stops the run after saving when SIGTERM
+   arrived, and fails it (JobFailed, exit 70) when runtime/health.py says training cannot go on.
 5. The final checkpoint (the last step always saves) is exported as a Hugging Face model.
 """
 
@@ -25,9 +26,11 @@ from kuberl.api.contract import CHECKPOINT_MOUNT_DIR
 from kuberl.runtime.checkpoint import CheckpointRef, CheckpointStore, PreemptionWatcher, should_save
 from kuberl.runtime.checkpoint.policy import Start, start_from
 from kuberl.runtime.controller import Controller, StepResult
+from kuberl.runtime.health import JobFailed, RunHealth
 from kuberl.runtime.metrics import RunReporter
 from kuberl.runtime.models.resolve import default_cache_dir
 from kuberl.runtime.plan import RunConfigError, RunPlan, make_plan
+from kuberl.runtime.rewards.pool import RewardPool
 from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
 from kuberl.runtime.validation import validation_status
 from kuberl.runtime.workers.launch import Groups, start_groups, start_ray
@@ -137,8 +140,12 @@ class StepRecorder:
         reporter: RunReporter,
         publisher: StatusPublisher,
         preemption: PreemptionWatcher,
+        health: RunHealth,
+        reward: RewardPool,
     ) -> None:
         self.plan = plan
+        self.health = health
+        self.reward = reward
         self.checkpointing = checkpointing
         self.reporter = reporter
         self.publisher = publisher
@@ -149,7 +156,9 @@ class StepRecorder:
         total = self.plan.total_steps
         final = result.step + 1 == total
         self.reporter.log_step(result.step, result.epoch, result.metrics)
-        self.checkpointing.after_step(result.step, result.epoch, final=final, preempted=preempted)
+        failure = self.health.observe(result.step + 1, result.metrics, self.reward.last_failure)
+        if self.health.may_checkpoint:  # never after a NaN step: keepLast would rotate out the good ones
+            self.checkpointing.after_step(result.step, result.epoch, final=final, preempted=preempted)
         latest = self.checkpointing.latest
         progress = {
             "step": result.step + 1,
@@ -161,6 +170,8 @@ class StepRecorder:
         self.publisher.publish(
             progress, status_metrics(result.metrics), latest.to_status() if latest else None, validation
         )
+        if failure is not None:
+            raise failure
         if preempted and not final:
             raise Preempted(result.step + 1, latest)
 
@@ -190,9 +201,12 @@ def run_job(
             groups = start_groups(plan)
             start_step = checkpointing.begin(groups, resume_from)
             reporter = RunReporter(output_dir, plan.total_steps, start_step=start_step, show_progress=progress)
-            recorder = StepRecorder(plan, checkpointing, reporter, publisher, preemption)
+            health = RunHealth.from_spec(job.spec)
+            recorder = StepRecorder(plan, checkpointing, reporter, publisher, preemption, health, groups.reward)
             try:
                 Controller(plan, groups).run(start_step, recorder)
+            except JobFailed as failure:  # status.lastCheckpoint names the same one
+                raise failure.with_checkpoint(checkpointing.latest) from None
             finally:
                 plot = reporter.close()
         model_dir = checkpointing.export(plan, output_dir / "model") if job.spec.checkpoint.export_hf else None

@@ -19,6 +19,7 @@ from kuberl.api.contract import ExitCode, RuntimeArgs, parse_runtime_args
 def run_from_cli(args: RuntimeArgs) -> int:
     from kuberl.runtime.data import DataError
     from kuberl.runtime.driver import Preempted, run_job
+    from kuberl.runtime.health import JobFailed
     from kuberl.runtime.models.resolve import ModelNotFoundError
     from kuberl.runtime.plan import RunConfigError
     from kuberl.runtime.rewards.functions import RewardConfigError
@@ -35,6 +36,9 @@ def run_from_cli(args: RuntimeArgs) -> int:
     except (RunConfigError, DataError, ModelNotFoundError, RewardConfigError) as error:
         print(f"kuberl run: {error}", file=sys.stderr)
         return ExitCode.CONFIG_ERROR
+    except JobFailed as failure:
+        print(f"kuberl run: the job failed: {failure}", file=sys.stderr)
+        return ExitCode.JOB_FAILED
     except Preempted as stop:
         where = stop.checkpoint.uri if stop.checkpoint else "nowhere (checkpoint.saveOnPreemption is false)"
         again = "run again" if job.spec.checkpoint.resume else "run again with --resume"

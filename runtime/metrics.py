@@ -2,10 +2,16 @@
 
 The names of the step metrics that more than the stage making them reads (the plot, the progress
 bar, the RLJob's status, the final printout) are defined here, once.
+
+metrics.jsonl holds one strict-JSON object per step. A value that is not a finite number (a NaN loss, an
+infinite gradient norm) is recorded, never dropped: JSON has no NaN or Infinity, so it is written as the
+string "NaN", "Infinity" or "-Infinity", which `float()` reads back (and `read_history` does).
 """
 
 import json
 import math
+import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +27,7 @@ REWARD_POOL_SIZE = "reward/pool_size"
 HEADLINE = (REWARD_MEAN, KL_MEAN, RESPONSE_LENGTH_MEAN)
 #: A fourth panel when the run validated: the greedy and sampled validation means.
 VALIDATION_PANEL = GREEDY_MEAN
+NON_FINITE_NAMES = ("NaN", "Infinity", "-Infinity")
 
 
 class RunReporter:
@@ -29,10 +36,12 @@ class RunReporter:
     def __init__(self, output_dir: Path, total_steps: int, start_step: int = 0, show_progress: bool = True) -> None:
         self.output_dir = output_dir
         self.total_steps = total_steps
-        self.history = read_history(output_dir / "metrics.jsonl", up_to_step=start_step)
-        # a resumed run rewrites the lines of the steps it lost with the crash, so the file is one run
-        self.metrics_file = (output_dir / "metrics.jsonl").open("w", encoding="utf-8")
-        self.metrics_file.writelines(json.dumps(record) + "\n" for record in self.history)
+        path = output_dir / "metrics.jsonl"
+        self.history = read_history(path, up_to_step=start_step)
+        # A resumed run drops the lines of the steps it lost with the crash, so the file is one run. The
+        # new file replaces the old one whole: a crash (or a full disk) while writing it leaves the old one.
+        replace_file(path, "".join(metrics_line(record) for record in self.history))
+        self.metrics_file = path.open("a", encoding="utf-8")
         self.started = time.monotonic()
         self.start_step = start_step
         self.tensorboard = _tensorboard_writer(output_dir / "tensorboard", purge_step=start_step + 1)
@@ -49,9 +58,9 @@ class RunReporter:
         return (time.monotonic() - self.started) / done * (self.total_steps - step - 1)
 
     def log_step(self, step: int, epoch: int, metrics: dict[str, float]) -> None:
-        record = {"step": step + 1, "epoch": epoch, **{k: v for k, v in metrics.items() if math.isfinite(v)}}
+        record = {"step": step + 1, "epoch": epoch, **metrics}
         self.history.append(record)
-        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.write(metrics_line(record))
         self.metrics_file.flush()
         if self.tensorboard is not None:
             for name, value in record.items():
@@ -75,12 +84,47 @@ class RunReporter:
         return plot_history(self.history, self.output_dir / "training.png") if self.history else None
 
 
+def metrics_line(record: dict[str, Any]) -> str:
+    """One line of metrics.jsonl: strict JSON, a non-finite number as its name.
+
+    >>> metrics_line({"step": 3, "actor/grad_norm": float("nan"), "reward/mean": float("-inf")})
+    '{"step": 3, "actor/grad_norm": "NaN", "reward/mean": "-Infinity"}\\n'
+    """
+    encoded = {name: _encode(value) for name, value in record.items()}
+    return json.dumps(encoded, allow_nan=False) + "\n"
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def _decode(value: Any) -> Any:
+    return float(value) if isinstance(value, str) and value in NON_FINITE_NAMES else value
+
+
 def read_history(path: Path, up_to_step: int) -> list[dict[str, Any]]:
     """The metrics lines of steps 1..up_to_step of an earlier run in the same folder."""
     if up_to_step == 0 or not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = [{name: _decode(value) for name, value in json.loads(line).items()} for line in lines]
     return [record for record in records if record.get("step", 0) <= up_to_step]
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, fsync it and rename it over `path` (atomic on POSIX)."""
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def _tensorboard_writer(directory: Path, purge_step: int) -> Any:

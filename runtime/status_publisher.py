@@ -10,10 +10,15 @@ Standard library only (urllib + ssl): the runtime image does not carry the kuber
 Requests go out from a background thread, at most one every `min_interval` seconds with the
 newest values (older unsent ones are dropped), so a slow or absent API server never slows a
 training step; failures are logged, at most once a minute, and never raised.
+
+JSON has no NaN or Infinity, and the API server refuses a body that holds them (the whole patch, progress
+and lastCheckpoint included). A metric that is not a finite number is left out of status.metrics (server-
+side apply then removes the field this manager set before); metrics.jsonl records it as it was.
 """
 
 import json
 import logging
+import math
 import os
 import ssl
 import threading
@@ -48,8 +53,14 @@ def status_metrics(metrics: Mapping[str, float]) -> dict[str, Any]:
 
     >>> status_metrics({"reward/mean": 0.5, "kl/mean": 0.01, "time/step": 3.0})
     {'rewardMean': 0.5, 'kl': 0.01}
+    >>> status_metrics({"reward/mean": float("nan"), "kl/mean": float("inf"), "response/length_mean": 9.0})
+    {'responseLength': 9.0}
     """
-    fields: dict[str, Any] = {field: metrics[name] for name, field in STATUS_METRICS.items() if name in metrics}
+    fields: dict[str, Any] = {
+        field: metrics[name]
+        for name, field in STATUS_METRICS.items()
+        if name in metrics and math.isfinite(metrics[name])
+    }
     if "reward_workers" in fields:
         fields["reward_workers"] = int(fields["reward_workers"])
     return Metrics.model_validate(fields).to_manifest()
@@ -69,12 +80,12 @@ def apply_patch(
     validated by the api models, so a typo fails here and not as a silently dropped field.
     """
     status: dict[str, Any] = {
-        "progress": Progress.model_validate(dict(progress)).to_manifest(),
-        "metrics": Metrics.model_validate(dict(metrics)).to_manifest(),
+        "progress": Progress.model_validate(_finite(progress)).to_manifest(),
+        "metrics": Metrics.model_validate(_finite(metrics)).to_manifest(),
     }
     if last_checkpoint is not None:
         status["lastCheckpoint"] = CheckpointRef.model_validate(dict(last_checkpoint)).to_manifest()
-    if validation is not None:
+    if validation is not None and len(_finite(validation)) == len(validation):  # else the last one stays
         status["validation"] = Validation.model_validate(dict(validation)).to_manifest()
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -82,6 +93,11 @@ def apply_patch(
         "metadata": {"name": name, "namespace": namespace},
         "status": status,
     }
+
+
+def _finite(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values without the numbers JSON cannot carry (NaN, infinities)."""
+    return {k: v for k, v in values.items() if not (isinstance(v, float) and not math.isfinite(v))}
 
 
 def status_url(base_url: str, name: str, namespace: str) -> str:
@@ -200,7 +216,9 @@ class KubernetesStatusPublisher(StatusPublisher):
             if self.token_file is not None:  # re-read every time: projected tokens are rotated
                 headers["Authorization"] = f"Bearer {self.token_file.read_text().strip()}"
             # JSON is YAML: the apply-patch+yaml content type takes it as is.
-            request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="PATCH")
+            request = urllib.request.Request(
+                self.url, data=json.dumps(body, allow_nan=False).encode(), headers=headers, method="PATCH"
+            )
             with urllib.request.urlopen(request, timeout=self.request_timeout, context=self.ssl_context) as response:
                 response.read()
         except urllib.error.HTTPError as error:

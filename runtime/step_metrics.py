@@ -26,6 +26,7 @@ def reward_metrics(
         REWARD_MEAN: float(scores.mean()) if len(scores) else 0.0,
         "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
         "reward/failed": float((~scored).sum()),
+        "reward/samples": float(len(scored)),  # responses scored, over every round (runtime/health.py)
         RESPONSE_LENGTH_MEAN: float(lengths.mean()),
         "response/clip_fraction": float((lengths >= max_new_tokens).float().mean()),
         "rollout/tokens": float(generated.response_mask.sum()),

@@ -10,6 +10,7 @@ knows one loss from another. The tokens that train are `batch.loss_mask`: a samp
 failed has none, and the rollout correction may have rejected some.
 """
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -175,11 +176,12 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
                 shares["actor/loss"] += float(loss.detach())
                 for name, metric in metrics.items():
                     totals.mean(f"actor/{name}", float(metric), float(mask.sum()))
-            step = trainer.optimizer_step()
+            step = trainer.optimizer_step(loss_finite=math.isfinite(shares["actor/loss"]))
             for name, share_value in shares.items():
                 totals.share(name, share_value)
             totals.same("actor/grad_norm", step["grad_norm"])
             totals.same("actor/lr", step["lr"])
+            totals.same("actor/update_skipped", step["skipped"])  # runtime/health.py counts these
     return totals.reduce()
 
 
@@ -229,9 +231,10 @@ def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
                 loss_share += float(loss)
                 for name, value in metrics.items():
                     totals.mean(f"critic/{name}", float(value), float(mask.sum()))
-            step = trainer.optimizer_step()
+            step = trainer.optimizer_step(loss_finite=math.isfinite(loss_share))
             totals.share("critic/loss", loss_share)
             totals.same("critic/grad_norm", step["grad_norm"])
+            totals.same("critic/update_skipped", step["skipped"])
     return totals.reduce()
 
 

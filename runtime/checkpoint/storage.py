@@ -7,52 +7,30 @@ copy of every object, so the commit there is a marker object written last (see s
 
 Object stores go through fsspec (s3fs for s3://). Credentials come as environment variables
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_ENDPOINT_URL for MinIO, Ceph, moto...),
-which the operator sets from checkpoint.secretRef; `storage_options` turns the endpoint into
-the s3fs option, since not every botocore version reads AWS_ENDPOINT_URL itself.
+which the operator sets from checkpoint.secretRef; `storage_options` (runtime/objectstore.py, shared
+with data and models) turns the endpoint into the s3fs option.
 """
 
 import os
 import posixpath
 import secrets
-from collections.abc import Mapping
-from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from kuberl.runtime.objectstore import is_remote, storage_options, url_to_fs
+
+__all__ = ["Location", "StorageError", "filesystem", "fsync_folder", "is_remote", "storage_options"]
 
 
 class StorageError(RuntimeError):
     """A checkpoint location that cannot be used; the message names the location and what to do."""
 
 
-def is_remote(uri: str) -> bool:
-    """True for an object-store URI (s3://, gs://, memory://...), False for a path or file://."""
-    scheme = uri.split("://", 1)[0] if "://" in uri else ""
-    return scheme not in ("", "file", "local")
-
-
-def storage_options(uri: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """fsspec options for `uri`: for s3:// the endpoint from AWS_ENDPOINT_URL; listings never cached.
-
-    >>> storage_options("s3://b/p", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"})
-    {'use_listings_cache': False, 'client_kwargs': {'endpoint_url': 'http://127.0.0.1:9000'}}
-    >>> storage_options("/mnt/claim/ckpt", {})
-    {}
-    """
-    env = os.environ if env is None else env
-    if not is_remote(uri):
-        return {}
-    # Other processes (the ranks) write under the same prefix: a cached listing would miss their files.
-    options: dict[str, Any] = {"use_listings_cache": False}
-    if uri.startswith(("s3://", "s3a://")) and env.get("AWS_ENDPOINT_URL"):
-        options["client_kwargs"] = {"endpoint_url": env["AWS_ENDPOINT_URL"]}
-    return options
-
-
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem and the path inside it; a missing s3fs is named with what to install."""
     try:
-        return fsspec.core.url_to_fs(uri, **storage_options(uri))
+        return url_to_fs(uri)
     except ImportError as error:
         raise StorageError(
             f"checkpoint uri {uri}: fsspec cannot open this scheme ({error}); "

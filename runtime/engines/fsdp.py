@@ -14,6 +14,7 @@ the wrapped model's), only the adapters require gradients, and only they get opt
 
 import contextlib
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -205,16 +206,26 @@ class FSDPTrainer:
         return torch.cat(parts)  # (n, R)
 
     # -- updates ----------------------------------------------------------------------------------
-    def optimizer_step(self) -> dict[str, float]:
+    def optimizer_step(self, loss_finite: bool = True) -> dict[str, float]:
+        """Clip and step; skipped (gradients dropped) when the gradient norm or any rank's loss is not finite.
+
+        As in verl's actor: a NaN or infinite update never reaches the weights or the optimiser state, and
+        the learning-rate schedule still advances. `skipped` (1.0 or 0.0) is the same on every rank, which
+        must take the same decision: the norm is global, the loss is not, so the verdict is all-reduced.
+        """
         assert self.optimizer is not None and self.scheduler is not None and self.optim_spec is not None
         clip = self.optim_spec.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip is not None else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        self.optimizer.step()
+        finite = global_sum(0.0 if loss_finite and math.isfinite(float(norm)) else 1.0) == 0.0
+        if finite:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        return {"grad_norm": float(norm), "lr": float(lr)}
+        with warnings.catch_warnings():  # a skip before the first optimiser step is not the mistake torch warns of
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            self.scheduler.step()
+        return {"grad_norm": float(norm), "lr": float(lr), "skipped": 0.0 if finite else 1.0}
 
     # -- weights out --------------------------------------------------------------------------------
     def full_tensors(self, select: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Tensor]]:

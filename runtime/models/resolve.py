@@ -3,7 +3,8 @@
     tiny://demo            built here (kuberl.runtime.models.tiny) into <cache>/tiny/demo-<builder hash>
     /models/qwen, file://  used where it is: must exist and hold config.json
     hf://org/name          huggingface_hub.snapshot_download into <cache>/hf
-    s3://b/p, gs://b/p     copied with fsspec into <cache>/s3/b/p (s3fs / gcsfs must be installed)
+    s3://b/p, gs://b/p     copied with fsspec into <cache>/s3/b/p (s3fs / gcsfs must be installed; AWS_ENDPOINT_URL
+                           is honoured, runtime/objectstore.py)
 
 Builds and downloads land in a temporary folder beside their target and are renamed into
 place, so a job killed mid-download never leaves a half folder that a later start would trust,
@@ -99,9 +100,9 @@ def _resolve_hub(repo_id: str, cache_dir: Path, field: str) -> Path:
 def _resolve_object_store(uri: str, cache_dir: Path, field: str) -> Path:
     scheme, _, key = uri.partition("://")
     try:
-        import fsspec
+        from kuberl.runtime.objectstore import url_to_fs
 
-        filesystem, root = fsspec.core.url_to_fs(uri)
+        filesystem, root = url_to_fs(uri)
     except ImportError as error:
         package = {"s3": "s3fs", "gs": "gcsfs"}.get(scheme, "fsspec")
         raise ModelNotFoundError(

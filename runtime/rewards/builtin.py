@@ -23,7 +23,7 @@ RewardFn = Callable[[str, dict[str, Any]], float | tuple[float, dict[str, float]
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_THINK_THEN_ANSWER = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
+_THINK_CLOSES_ANSWER_OPENS = re.compile(r"</think>\s*<answer>")
 _INTEGER_WORD = re.compile(r"[+-]?\d+")
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _NUMERIC = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
@@ -153,8 +153,18 @@ def format_answer_tag(completion: str, sample: dict[str, Any]) -> float:
     1.0
     >>> format_answer_tag("<answer>4</answer>", {})
     0.0
+
+    The same language as the regular expression `\\s*<think>.*?</think>\\s*<answer>.*?</answer>\\s*` (DOTALL,
+    fullmatch), decided in linear time: that expression backtracks over every `</think>` x `</answer>` pair,
+    so a degenerate completion of a megabyte took minutes. Here: the text, stripped, opens with <think> and
+    closes with </answer>, and between them some </think> is followed, after whitespace, by <answer>.
     """
-    return 1.0 if _THINK_THEN_ANSWER.fullmatch(completion) else 0.0
+    text = completion.strip()
+    opening, closing = "<think>", "</answer>"
+    if len(text) < len(opening) + len(closing) or not (text.startswith(opening) and text.endswith(closing)):
+        return 0.0
+    middle = text[len(opening) : len(text) - len(closing)]
+    return 1.0 if _THINK_CLOSES_ANSWER_OPENS.search(middle) else 0.0
 
 
 def tiny_task(completion: str, sample: dict[str, Any]) -> tuple[float, dict[str, float]]:

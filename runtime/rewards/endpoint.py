@@ -17,10 +17,16 @@ with one score per item, in the order of the items. A score is a finite number; 
 anything else that is not a number) fails that one sample and keeps the others. `sample` is the
 prompt's data record as the dataset holds it (values JSON cannot carry are sent as strings).
 
-Failures. Connection errors, timeouts (`timeoutSeconds`, applied to connecting and to each
-read), HTTP 408, 429 and 5xx, a body that is not JSON and a `scores` list of the wrong length are
-retried up to `maxRetries` times after 0.5 s, 1 s, 2 s ... (doubling, at most 30 s). Any other
-4xx is not retried: the request itself is wrong and will not improve. A batch that still fails
+Failures. Connection errors, timeouts, HTTP 408, 429 and 5xx, a body that is not JSON and a
+`scores` list of the wrong length are retried up to `maxRetries` times after 0.5 s, 1 s, 2 s ...
+(doubling, at most 30 s). Any other 4xx is not retried: the request itself is wrong and will not
+improve, and neither is an answer over MAX_RESPONSE_BYTES.
+
+Bounds. `timeoutSeconds` is a wall-clock deadline for the whole request, from connecting to the
+last byte of the answer: a watchdog shuts the socket down when it passes, so a service that drips
+one byte just inside every read timeout (a per-read timeout would never fire) is cut off. The
+answer is read in chunks, at most MAX_RESPONSE_BYTES of it (refused at once when Content-Length
+says more), so a runaway or hostile service cannot fill the worker's memory. A batch that still fails
 gets score 0.0 with the reason in `RewardResult.error` for each of its samples — the controller
 counts them and drops their gradient — and the job goes on.
 
@@ -37,10 +43,13 @@ into the reward workers' environment as KUBERL_REWARD_ENDPOINT_TOKEN; locally, e
 `kuberl run`. It is read once when the worker starts and never logged.
 """
 
+import contextlib
+import http.client
 import json
 import logging
 import math
 import os
+import socket
 import threading
 import time
 import urllib.error
@@ -50,6 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kuberl.api.contract import REWARD_ENDPOINT_TOKEN_ENV
+from kuberl.api.rules import ENDPOINT_BACKOFF_CAP_SECONDS
 from kuberl.api.spec import RewardEndpointSpec
 from kuberl.runtime.rewards.functions import RewardResult
 
@@ -57,6 +67,9 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = REWARD_ENDPOINT_TOKEN_ENV
 RETRYABLE_STATUS = frozenset({408, 429})  # and every 5xx
+#: The largest answer read. {"scores": [...]} for the largest batch (65536 items) is about 1.5 MB.
+MAX_RESPONSE_BYTES = 16 << 20
+_READ_CHUNK = 64 << 10
 
 
 class EndpointCallError(Exception):
@@ -67,7 +80,7 @@ class EndpointCallError(Exception):
         self.retryable = retryable
 
 
-def backoff_delay(retry: int, base_s: float = 0.5, cap_s: float = 30.0) -> float:
+def backoff_delay(retry: int, base_s: float = 0.5, cap_s: float = ENDPOINT_BACKOFF_CAP_SECONDS) -> float:
     """Seconds to wait before retry number `retry` (0 for the first retry): base * 2^retry, at most cap."""
     return min(cap_s, base_s * 2.0**retry)
 
@@ -144,7 +157,69 @@ class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_RefuseRedirects)
+def _watched(base: type[http.client.HTTPConnection], deadline: float) -> type[http.client.HTTPConnection]:
+    """`base` whose socket is shut down at `deadline` (time.monotonic()), whatever is reading from it."""
+
+    class WatchedConnection(base):  # type: ignore[valid-type,misc]
+        def connect(self) -> None:
+            given: float | None = getattr(self, "timeout", None)  # urllib's per-operation timeout
+            self.timeout = max(0.001, min(given or math.inf, deadline - time.monotonic()))
+            super().connect()
+            # urllib drops its reference to the socket once the headers are in; the body is read through it
+            watched = self.sock
+            self._watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut_down, (watched,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+        def close(self) -> None:
+            watchdog = getattr(self, "_watchdog", None)
+            if watchdog is not None:
+                watchdog.cancel()
+            super().close()
+
+    return WatchedConnection
+
+
+def _shut_down(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _WatchedHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: float) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_watched(http.client.HTTPConnection, self._deadline), req)
+
+
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: float) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_watched(http.client.HTTPSConnection, self._deadline), req)
+
+
+def _opener(deadline: float) -> urllib.request.OpenerDirector:
+    """urllib without redirects, every connection cut at `deadline` (proxies from the environment still apply)."""
+    return urllib.request.build_opener(_RefuseRedirects, _WatchedHTTPHandler(deadline), _WatchedHTTPSHandler(deadline))
+
+
+def read_capped(response: Any, url: str, limit: int = MAX_RESPONSE_BYTES) -> bytes:
+    """The body of `response`, read in chunks; EndpointCallError (not retried) beyond `limit` bytes."""
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise EndpointCallError(f"{url} announced an answer of {int(declared)} bytes; at most {limit} are read", False)
+    chunks, size = [], 0
+    while chunk := response.read(_READ_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise EndpointCallError(f"{url} answered with more than {limit} bytes; the rest was not read", False)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class RewardEndpointClient:
@@ -159,7 +234,7 @@ class RewardEndpointClient:
         max_concurrency: int = 8,
         token: str | None = None,
         backoff_base_s: float = 0.5,
-        backoff_cap_s: float = 30.0,
+        backoff_cap_s: float = ENDPOINT_BACKOFF_CAP_SECONDS,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = url
@@ -182,37 +257,45 @@ class RewardEndpointClient:
         )
 
     def _post(self, body: bytes, expected: int) -> list[RewardResult]:
-        """One request; raises EndpointCallError."""
+        """One request, cut off at timeoutSeconds of wall clock; raises EndpointCallError."""
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        try:
-            with self._in_flight, _OPENER.open(request, timeout=self.timeout_s) as response:
-                answer = response.read()
-        except urllib.error.HTTPError as error:
-            if 300 <= error.code < 400:
-                where = error.headers.get("Location", "?")
-                raise EndpointCallError(
-                    f"HTTP {error.code} from {self.url} redirects to {where}; redirects are not followed (the token "
-                    "would go along): set reward.endpoint.url to the final address",
-                    False,
-                ) from None
-            retryable = error.code in RETRYABLE_STATUS or error.code >= 500
-            detail = _preview(error.read() or b"")
-            raise EndpointCallError(f"HTTP {error.code} from {self.url}: {detail!r}", retryable) from None
-        except TimeoutError:
-            raise EndpointCallError(
-                f"no answer from {self.url} within {self.timeout_s:g} s (reward.endpoint.timeoutSeconds)", True
-            ) from None
-        except (urllib.error.URLError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            if isinstance(reason, TimeoutError):
-                raise EndpointCallError(
-                    f"no answer from {self.url} within {self.timeout_s:g} s (reward.endpoint.timeoutSeconds)", True
-                ) from None
-            raise EndpointCallError(f"cannot reach {self.url}: {reason}", True) from None
+        with self._in_flight:
+            deadline = time.monotonic() + self.timeout_s
+            try:
+                with _opener(deadline).open(request, timeout=self.timeout_s) as response:
+                    answer = read_capped(response, self.url)
+                if time.monotonic() >= deadline:  # cut off: what arrived may end early without an error
+                    raise self._late()
+            except urllib.error.HTTPError as error:
+                raise self._refused(error) from None
+            except (OSError, http.client.HTTPException) as error:  # URLError is an OSError
+                if time.monotonic() >= deadline:
+                    raise self._late() from None
+                reason = getattr(error, "reason", error)
+                if isinstance(reason, TimeoutError):
+                    raise self._late() from None
+                raise EndpointCallError(f"cannot reach {self.url}: {reason}", True) from None
         return parse_scores(answer, expected, self.url)
+
+    def _late(self) -> EndpointCallError:
+        return EndpointCallError(
+            f"no complete answer from {self.url} within {self.timeout_s:g} s (reward.endpoint.timeoutSeconds)", True
+        )
+
+    def _refused(self, error: urllib.error.HTTPError) -> EndpointCallError:
+        if 300 <= error.code < 400:
+            where = error.headers.get("Location", "?")
+            return EndpointCallError(
+                f"HTTP {error.code} from {self.url} redirects to {where}; redirects are not followed (the token "
+                "would go along): set reward.endpoint.url to the final address",
+                False,
+            )
+        retryable = error.code in RETRYABLE_STATUS or error.code >= 500
+        detail = _preview(error.read(1024) or b"")
+        return EndpointCallError(f"HTTP {error.code} from {self.url}: {detail!r}", retryable)
 
     def score(self, prompts: list[str], completions: list[str], samples: list[dict[str, Any]]) -> list[RewardResult]:
         """One batch in one request, retried with backoff; a batch that keeps failing fails its samples."""

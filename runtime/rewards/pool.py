@@ -26,6 +26,12 @@ on Kubernetes an actor the cluster cannot place makes the KubeRay autoscaler add
 released actor leaves its pod idle for the autoscaler to remove. Without a reward pool the one
 worker lives on the head (`kuberl_head`). A local run's Ray offers the same resources, so the pool
 grows and shrinks between the same bounds on one machine.
+
+Bounded. A worker still busy with a batch `reward.batchTimeoutSeconds` after it was handed over is
+stuck (a reward model that never returns, an endpoint that never answers): it is replaced, and its
+batches go back to the queue, the late one counting as a failed attempt. Inside a training step,
+`score` itself waits at most the step's time left (runtime/deadline.py) and then raises
+StepTimeoutError.
 """
 
 import logging
@@ -41,6 +47,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from kuberl.api import RewardSpec
 from kuberl.api.topology import ActorGroup
+from kuberl.runtime.deadline import StepTimeoutError, current_deadline
 from kuberl.runtime.metrics import REWARD_POOL_SIZE
 from kuberl.runtime.rewards.autoscale import PoolBounds, ScalePolicy, decide_pool_size
 from kuberl.runtime.rewards.functions import RewardResult
@@ -83,7 +90,8 @@ class _Batch:
     job: _Job
     indices: list[int]
     enqueued_at: float
-    failures: int = 0  # times a worker died or raised holding it
+    failures: int = 0  # times a worker died, raised or ran out of time holding it
+    dispatched_at: float = 0.0  # when the worker now holding it got it
 
 
 @dataclass
@@ -115,6 +123,7 @@ class RewardPool:
         self.bounds = PoolBounds.of(group)
         self.policy = policy or ScalePolicy()
         self.batch_size = spec.batch_size
+        self.batch_timeout_s = spec.batch_timeout_seconds
         self.slots = spec.endpoint.max_concurrency if spec.endpoint is not None else 1
         self._manifest = reward_manifest
         self._model_path = model_path
@@ -127,7 +136,14 @@ class RewardPool:
         self._numbered = 0
         self._started_at = time.monotonic()
         self._events: list[ScaleEvent] = []
-        self._counts = {"requeued_batches": 0, "worker_deaths": 0, "duplicates_dropped": 0, "failed_starts": 0}
+        self._counts = {
+            "requeued_batches": 0,
+            "worker_deaths": 0,
+            "duplicates_dropped": 0,
+            "failed_starts": 0,
+            "batch_timeouts": 0,
+        }
+        self._last_failure: str | None = None
         self._failed_starts_in_row = 0
         self._growth_stopped = False
         self._broken: BaseException | None = None
@@ -157,13 +173,28 @@ class RewardPool:
             self._jobs.append(job)
             self._peak = len(self._workers)
             self._dispatch(now)
-        job.done.wait()
+        deadline = current_deadline()
+        job.done.wait(deadline.time_left() if deadline is not None else None)
         with self._lock:
             self._jobs.remove(job)
             self._last_waits = job.waits
+            if not job.done.is_set():  # the step's time is up; the call's queued batches are skipped
+                assert deadline is not None
+                scored = len(completions) - job.ledger.missing
+                job.error = deadline.exceeded(f"the reward pool ({scored} of {len(completions)} samples scored)")
+                job.done.set()
+        if isinstance(job.error, StepTimeoutError):
+            raise job.error
         if job.error is not None:
             raise RewardPoolError(f"the reward pool cannot score: {job.error}") from job.error
-        return job.ledger.results()
+        results = job.ledger.results()
+        self._last_failure = next((result.error for result in reversed(results) if result.error), None)
+        return results
+
+    @property
+    def last_failure(self) -> str | None:
+        """The reason of the last failed sample of the latest `score` call, if one failed."""
+        return self._last_failure
 
     @property
     def size(self) -> int:
@@ -276,6 +307,7 @@ class RewardPool:
             now = time.monotonic()
             for ref, value, error in outcomes:
                 self._settle(owners[ref], ref, value, error, now)
+            self._replace_stuck(now)
             self._dispatch(now)
             self._rescale(now)
 
@@ -338,6 +370,26 @@ class RewardPool:
             self._retry_or_fail(batch, f"reward worker {worker.number} died: {error}")
         worker.running.clear()
 
+    def _replace_stuck(self, now: float) -> None:
+        """A worker holding a batch past reward.batchTimeoutSeconds is released; its batches are queued again."""
+        for worker in list(self._workers.values()):
+            late = {ref for ref, b in worker.running.items() if now - b.dispatched_at > self.batch_timeout_s}
+            if not late:
+                continue
+            self._counts["batch_timeouts"] += len(late)
+            reason = (
+                f"reward worker {worker.number} was still busy with the batch after {self.batch_timeout_s:g} s "
+                "(spec.reward.batchTimeoutSeconds) and was replaced"
+            )
+            log.warning("%s; %d batches requeued", reason, len(worker.running))
+            self._release(worker)
+            for ref, batch in worker.running.items():
+                if ref in late:
+                    self._retry_or_fail(batch, reason)
+                elif not batch.job.done.is_set():
+                    self._queue.appendleft(batch)  # not its fault: no attempt counted
+            worker.running.clear()
+
     def _retry_or_fail(self, batch: _Batch, reason: str) -> None:
         batch.failures += 1
         if batch.job.done.is_set():
@@ -373,6 +425,7 @@ class RewardPool:
             if batch.job.done.is_set() or all(batch.job.ledger.is_filled(i) for i in batch.indices):
                 continue
             batch.job.waits.append(now - batch.enqueued_at)
+            batch.dispatched_at = now
             job = batch.job
             ref = worker.actor.score.remote(
                 [job.prompts[i] for i in batch.indices],

@@ -15,6 +15,7 @@ import torch
 
 from kuberl.api.topology import ActorGroup
 from kuberl.runtime.batch import RolloutBatch
+from kuberl.runtime.deadline import bounded_get
 
 
 def worker_device() -> torch.device:
@@ -40,18 +41,22 @@ class WorkerGroup:
         self.workers: list[Any] = [remote.remote(rank, self.world_size) for rank in range(self.world_size)]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """The same call on every rank; results in rank order."""
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+        """The same call on every rank; results in rank order. Within a step, bounded by its deadline."""
+        return bounded_get([getattr(w, method).remote(*args, **kwargs) for w in self.workers], self._what(method))
 
     def call_each(self, method: str, per_rank: Sequence[Any], **kwargs: Any) -> list[Any]:
         """Rank r gets `per_rank[r]` as its first argument."""
-        return ray.get(
-            [getattr(w, method).remote(arg, **kwargs) for w, arg in zip(self.workers, per_rank, strict=True)]
+        return bounded_get(
+            [getattr(w, method).remote(arg, **kwargs) for w, arg in zip(self.workers, per_rank, strict=True)],
+            self._what(method),
         )
 
     def call_sharded(self, method: str, batch: RolloutBatch, **kwargs: Any) -> list[Any]:
         """Rank r gets shard r of `batch` (equal contiguous parts)."""
         return self.call_each(method, batch.shard(self.world_size), **kwargs)
+
+    def _what(self, method: str) -> str:
+        return f"{method} on the {self.group.name} workers"
 
     def kill(self) -> None:
         for worker in self.workers:

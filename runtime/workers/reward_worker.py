@@ -1,7 +1,9 @@
 """The reward worker: scores responses with a function, a reward model, or an HTTP endpoint.
 
 One worker is one Ray actor. The controller's fixed WorkerGroup and the elastic RewardPool
-(runtime/rewards/pool.py) both call `setup` once and then `score` per batch. An endpoint worker
+(runtime/rewards/pool.py) both call `setup` once and then `score` per batch. A reward function runs in
+a child process of the worker (rewards/isolated.py), so a call that hangs is stopped after
+reward.sampleTimeoutSeconds and fails only its sample. An endpoint worker
 may be called by several threads at once (the pool gives its actor maxConcurrency slots); the
 endpoint client bounds the requests in flight. Function and model workers run one call at a time.
 """
@@ -11,13 +13,14 @@ from typing import Any
 
 from kuberl.api import RewardSpec
 from kuberl.runtime.rewards.endpoint import RewardEndpointClient
-from kuberl.runtime.rewards.functions import RewardResult, load_reward_function, score_batch
+from kuberl.runtime.rewards.functions import RewardResult
+from kuberl.runtime.rewards.isolated import IsolatedRewardFunction
 
 
 class RewardWorker:
     def __init__(self, rank: int = 0, world_size: int = 1) -> None:
         self.rank = rank
-        self.function: Any = None
+        self.function: IsolatedRewardFunction | None = None
         self.model: Any = None
         self.endpoint: RewardEndpointClient | None = None
         self.batch_size = 32
@@ -26,7 +29,7 @@ class RewardWorker:
         spec = RewardSpec.model_validate(reward)
         self.batch_size = spec.batch_size
         if spec.function is not None:
-            self.function = load_reward_function(spec.function)
+            self.function = IsolatedRewardFunction(spec.function, spec.sample_timeout_seconds)
         elif spec.model is not None:
             from kuberl.runtime.rewards.model import RewardModelScorer
 
@@ -38,7 +41,7 @@ class RewardWorker:
 
     def score(self, prompts: list[str], completions: list[str], samples: list[dict[str, Any]]) -> list[RewardResult]:
         if self.function is not None:
-            return score_batch(self.function, completions, samples)
+            return self.function.score(completions, samples)
         if self.endpoint is not None:
             return self.endpoint.score_chunked(prompts, completions, samples, self.batch_size)
         scores = self.model.score(prompts, completions)

@@ -25,7 +25,8 @@ def contract_literals() -> set[str]:
     """Every string the contract defines, the command line's flags and each pool's Ray resource."""
     names = {value for value in vars(contract).values() if isinstance(value, str)}
     flags = {arg for arg in runtime_command(RuntimeArgs(spec="x", output="y", address="z", resume=True)) if "--" in arg}
-    return names | flags | {contract.ray_resource(pool) for pool in POOLS} | set(RUNTIME_PROGRAM[1:])
+    # The program's module, not "python" or "-m": those start any module (the reward isolation's child too).
+    return names | flags | {contract.ray_resource(pool) for pool in POOLS} | {RUNTIME_PROGRAM[-1]}
 
 
 def stray_copies(source: str, literals: set[str]) -> list[str]:

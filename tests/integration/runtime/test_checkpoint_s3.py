@@ -1,15 +1,12 @@
 """Checkpoints on S3: 2 ranks save through s3fs to moto's server, 1 rank resumes, the marker is the commit.
 
-moto's server is a real S3-protocol HTTP server on loopback; s3fs (through fsspec) and DCP's
+moto's server (moto_s3.py) is a real S3-protocol HTTP server on loopback; s3fs (through fsspec) and DCP's
 FsspecWriter/FsspecReader reach it with the credentials and endpoint in the AWS_* variables the
 operator sets from checkpoint.secretRef. Skipped where s3fs or moto is not installed; the
 object-store commit itself (marker, no rename, fsspec readers and writers) is also tested on
 every machine through `nonatomic://` in test_checkpoint_state.py.
 """
 
-import importlib.util
-import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +16,7 @@ import torch
 from kuberl.runtime.checkpoint import CheckpointStore
 from kuberl.runtime.checkpoint.storage import Location
 from kuberl.runtime.checkpoint.store import LATEST
+from tests.integration.runtime.moto_s3 import moto_s3
 from tests.integration.runtime.test_checkpoint_state import (
     assert_resumed_like_uninterrupted,
     resume,
@@ -30,34 +28,11 @@ pytestmark = pytest.mark.integration
 BUCKET = "kuberl-checkpoints"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3_uri() -> Iterator[str]:
     """A bucket on a moto server; the AWS_* variables are set for this process and the ranks it spawns."""
-    for package in ("s3fs", "moto"):
-        if importlib.util.find_spec(package) is None:
-            pytest.skip(f"{package} is not installed: s3:// checkpoints cannot be tested here")
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AWS_ACCESS_KEY_ID", "kuberl-test")
-        patch.setenv("AWS_SECRET_ACCESS_KEY", "kuberl-test-secret")
-        patch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        s3fs.S3FileSystem(client_kwargs={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}).mkdir(BUCKET)
-        try:
-            yield f"s3://{BUCKET}/jobs/demo"
-        finally:
-            server.stop()
+    with moto_s3(BUCKET):
+        yield f"s3://{BUCKET}/jobs/demo"
 
 
 def test_s3_round_trip_from_two_ranks_to_one(s3_uri: str, tmp_path: Path):

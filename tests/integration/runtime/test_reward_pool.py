@@ -134,7 +134,7 @@ def test_killing_a_worker_mid_batch_loses_and_duplicates_nothing(ray_session: An
 
 
 def test_a_batch_that_keeps_killing_its_worker_fails_its_samples_not_the_job(ray_session: Any) -> None:
-    reward = {"function": "tests.integration.runtime.slow_rewards:crash_on_index_3", "batchSize": 2}
+    reward = {"function": "tests.integration.runtime.slow_rewards:kill_worker_on_index_3", "batchSize": 2}
     pool = RewardPool(reward, None, reward_pool(1, 1), policy=ScalePolicy(max_batch_attempts=2))
     try:
         results = pool.score(*burst(8))

@@ -3,11 +3,15 @@
 import doctest
 import logging
 import math
+import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kuberl.api.spec import BUILTIN_REWARDS as SCHEMA_BUILTIN_REWARDS
 from kuberl.runtime.models.tiny import build_tiny_model
@@ -130,6 +134,61 @@ def test_math_reward_without_an_answer_field_names_the_fields_it_has() -> None:
 )
 def test_format_answer_tag(completion: str, score: float) -> None:
     assert format_answer_tag(completion, {}) == score
+
+
+#: The regular expression format_answer_tag used to run, and still defines its language.
+FORMAT_ANSWER_TAG_LANGUAGE = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
+TAG_PIECES = st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "\u2003", "x", "<", ">"])
+
+
+@st.composite
+def near_answers(draw: st.DrawFn) -> str:
+    """Answers in the format, then a few pieces inserted or deleted: half of them still match."""
+    spaces = st.lists(st.sampled_from([" ", "\n", "\u2003"]), max_size=2).map("".join)
+    words = st.lists(TAG_PIECES, max_size=4).map("".join)
+    pieces = [draw(spaces), "<think>", draw(words), "</think>", draw(spaces), "<answer>", draw(words), "</answer>"]
+    pieces.append(draw(spaces))
+    for _ in range(draw(st.integers(min_value=0, max_value=2))):
+        at = draw(st.integers(min_value=0, max_value=len(pieces)))
+        if draw(st.booleans()) and at < len(pieces):
+            del pieces[at]
+        else:
+            pieces.insert(at, draw(TAG_PIECES))
+    return "".join(pieces)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(TAG_PIECES, max_size=12).map("".join) | near_answers())
+def test_format_answer_tag_accepts_exactly_the_language_of_its_regular_expression(completion: str) -> None:
+    expected = 1.0 if FORMAT_ANSWER_TAG_LANGUAGE.fullmatch(completion) else 0.0
+    assert format_answer_tag(completion, {}) == expected
+
+
+@pytest.mark.parametrize(
+    "degenerate",
+    [
+        '"<think>" + "</think><answer>" * 65536',  # 1 MiB: every </think> x every later </answer> candidate
+        '"<think>" + "</think><answer></answer>x" * 40330',  # 1 MiB that almost matches at every pair
+        '"<think>" + "</think>" + " " * (1 << 20) + "x"',  # a megabyte of whitespace after the close
+    ],
+)
+def test_format_answer_tag_scores_a_megabyte_of_degenerate_output_in_linear_time(degenerate: str) -> None:
+    # The regular expression took 2.8 s on 64 KB of the first kind and grows with the square of the
+    # length: about 12 minutes for this megabyte. The linear parse takes milliseconds. A process of its
+    # own, stopped after 10 s, because a backtracking regular expression never lets go of the GIL.
+    script = (
+        "import time; from kuberl.runtime.rewards.builtin import format_answer_tag\n"
+        f"text = {degenerate}\nassert len(text) >= 1 << 20\n"
+        "started = time.perf_counter(); score = format_answer_tag(text, {})\n"
+        "print(score, time.perf_counter() - started)"
+    )
+    try:
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=10, check=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("format_answer_tag ran for more than 10 s on a megabyte")
+    score, seconds = run.stdout.split()
+    assert float(score) == 0.0
+    assert float(seconds) < 2.0  # a bound a busy machine meets and a quadratic parse cannot
 
 
 # ----------------------------------------------------------------------------- tiny_task

@@ -221,7 +221,9 @@ def test_object_store_model_is_copied_into_the_cache(tmp_path: Path, demo_dir: P
     for file in demo_dir.iterdir():
         memory.pipe(f"/bucket/demo/{file.name}", file.read_bytes())
     real_url_to_fs = fsspec.core.url_to_fs
-    monkeypatch.setattr(fsspec.core, "url_to_fs", lambda uri: real_url_to_fs(uri.replace("s3://", "memory://")))
+    monkeypatch.setattr(
+        fsspec.core, "url_to_fs", lambda uri, **options: real_url_to_fs(uri.replace("s3://", "memory://"), **options)
+    )
     folder = resolve_model_path("s3://bucket/demo", tmp_path, FIELD)
     assert folder == tmp_path / "s3" / "bucket" / "demo"
     assert sha256(folder / "model.safetensors") == sha256(demo_dir / "model.safetensors")

@@ -1,0 +1,74 @@
+"""The wall-clock budget of one training step (spec.training.stepTimeoutSeconds) and the waits it bounds.
+
+    with step_deadline(step=5, seconds=3600):
+        groups.actor.call("update_actor", ...)   # waits at most the step's time left
+
+The controller opens one deadline per step. Every wait of the step goes through `bounded_get` (Ray
+calls of a WorkerGroup, the rollout's generations) or `time_left` (RewardPool.score), which give up
+when the step's time is up and raise StepTimeoutError naming what they were waiting for: a hung
+collective, an engine that never answers, a reward that never returns. The job then fails with that
+reason and the operator restarts it from the latest checkpoint, instead of the job hanging forever.
+
+A context variable carries the deadline, so the stages take no extra argument; outside a step
+(start-up, checkpoints, the export) there is none and the waits are unbounded as before.
+"""
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from kuberl.runtime.health import JobFailed
+
+
+class StepTimeoutError(JobFailed):
+    """A training step ran past spec.training.stepTimeoutSeconds."""
+
+
+@dataclass(frozen=True)
+class StepDeadline:
+    step: int  # 1-based, as in metrics.jsonl
+    seconds: float
+    at: float  # time.monotonic() when the step's time is up
+
+    def time_left(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def exceeded(self, waiting_for: str) -> StepTimeoutError:
+        return StepTimeoutError(
+            f"step {self.step} did not finish within spec.training.stepTimeoutSeconds ({self.seconds:g} s): "
+            f"still waiting for {waiting_for}"
+        )
+
+
+_current: ContextVar[StepDeadline | None] = ContextVar("kuberl_step_deadline", default=None)
+
+
+@contextmanager
+def step_deadline(step: int, seconds: float) -> Iterator[StepDeadline]:
+    deadline = StepDeadline(step, seconds, time.monotonic() + seconds)
+    token = _current.set(deadline)
+    try:
+        yield deadline
+    finally:
+        _current.reset(token)
+
+
+def current_deadline() -> StepDeadline | None:
+    return _current.get()
+
+
+def bounded_get(refs: Any, waiting_for: str) -> Any:
+    """ray.get(refs), bounded by the current step's deadline (if any)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    deadline = _current.get()
+    if deadline is None:
+        return ray.get(refs)
+    try:
+        return ray.get(refs, timeout=deadline.time_left())
+    except GetTimeoutError:
+        raise deadline.exceeded(waiting_for) from None
