@@ -85,7 +85,7 @@ helm upgrade --install "$RELEASE" "$REPO/charts/kuberl" --namespace "$NAMESPACE"
   --set "runtime.namespaces={$JOBS}" \
   --wait --timeout 5m
 
-log "waiting for the operator to register its webhook $WEBHOOK"
+log "waiting for the webhook $WEBHOOK (templated by the chart) to answer"
 for _ in $(seq 60); do
   if [[ -n $(kubectl get validatingwebhookconfiguration "$WEBHOOK" -o jsonpath='{.webhooks[0].name}' 2>/dev/null) ]]; then
     break

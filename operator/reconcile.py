@@ -12,8 +12,9 @@ that keeps a crash harmless:
    same name twice is one object), 4. the RLJob itself when its TTL is up, 5. Events.
 
 `ReconcileQueue` gives each RLJob at most one pass at a time: a trigger that arrives during a pass
-(a timer tick, a RayJob status change, an edit) makes exactly one more pass after it, and a
-decision's `requeue_after` schedules the next pass (backoff, deadline, TTL).
+(a RayJob status change, an edit, a timer) makes exactly one more pass after it; a decision's
+`requeue_after` schedules the next pass (backoff, deadline, TTL), the resync interval bounds it, and
+a failed pass is retried with an exponential backoff.
 """
 
 import asyncio
@@ -42,8 +43,9 @@ KUBERAY_MISSING = (
     "the API server does not know RayJobs (ray.io/v1): install KubeRay (its CRDs rayjobs.ray.io and "
     "rayclusters.ray.io) in this cluster, then the operator creates the job's RayJob on its next pass"
 )
-#: Wait before retrying a pass that a background requeue could not finish.
-ERROR_RETRY_SECONDS = 5.0
+#: Retries of a failed pass wait RETRY_BASE_SECONDS, then twice as long each time, at most RETRY_CAP_SECONDS.
+RETRY_BASE_SECONDS = 1.0
+RETRY_CAP_SECONDS = 300.0
 
 
 def utcnow() -> datetime:
@@ -136,18 +138,53 @@ class Reconciler:
             self.metrics.seconds.observe(time.perf_counter() - started)
 
 
-class ReconcileQueue:
-    """At most one pass per RLJob at a time, coalescing triggers; requeues by the decisions' timing."""
+def retry_delay(failures: int) -> float:
+    """The wait before retrying a pass that failed `failures` times in a row: 1, 2, 4 ... at most RETRY_CAP_SECONDS."""
+    return float(min(RETRY_BASE_SECONDS * 2 ** min(max(failures - 1, 0), 32), RETRY_CAP_SECONDS))
 
-    def __init__(self, reconciler: Reconciler, workers: int) -> None:
+
+class ReconcileQueue:
+    """At most one pass per RLJob at a time, coalescing triggers; requeues by the decisions' timing.
+
+    Every job known to the queue gets a pass at least every `resync_seconds` (the safety net beside the
+    watch events), and a pass that fails is retried after `retry_delay(failures)`, so an API server that
+    keeps refusing is asked less and less often rather than every few seconds forever.
+    """
+
+    def __init__(self, reconciler: Reconciler, workers: int, resync_seconds: float = 300.0) -> None:
         self.reconciler = reconciler
+        self.resync_seconds = resync_seconds
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kuberl-reconcile")
         self._running: set[Key] = set()
         self._dirty: set[Key] = set()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._failures: dict[Key, int] = {}
+        self._generations: dict[Key, object] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def notice(self, namespace: str, name: str, generation: object) -> None:
+        """An RLJob event: a pass when the job is new here or its spec changed; none for a status-only change."""
+        key = (namespace, name)
+        if key in self._generations and self._generations[key] == generation:
+            return
+        self._generations[key] = generation
+        self.request(namespace, name)
+
+    def request(self, namespace: str, name: str) -> None:
+        """A pass soon, in the background; returns at once and never raises (failures are retried)."""
+        task = asyncio.get_running_loop().create_task(self._quietly(namespace, name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _quietly(self, namespace: str, name: str) -> None:
+        try:
+            await self.trigger(namespace, name)
+        except Exception:  # noqa: BLE001 - trigger logged it and scheduled the retry
+            pass
 
     async def trigger(self, namespace: str, name: str) -> None:
-        """Run a pass now (or right after the one in flight). Raises what the pass raised."""
+        """Run a pass now (or right after the one in flight). Raises what the pass raised, after scheduling
+        its retry."""
         key = (namespace, name)
         if key in self._running:
             self._dirty.add(key)
@@ -161,12 +198,22 @@ class ReconcileQueue:
                 decision = await loop.run_in_executor(self.executor, self.reconciler.run_pass, namespace, name)
                 if key not in self._dirty:
                     break
+        except Exception as error:
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            delay = retry_delay(failures)
+            logger.warning(
+                "reconcile of %s/%s failed (%d in a row), retrying in %g s: %s", namespace, name, failures, delay, error
+            )
+            self.requeue(namespace, name, delay)
+            raise
         finally:
             self._running.discard(key)
+        self._failures.pop(key, None)
         if decision is None:
             self.forget(namespace, name)
-        elif decision.requeue_after is not None:
-            self.requeue(namespace, name, decision.requeue_after)
+            return
+        due = decision.requeue_after
+        self.requeue(namespace, name, self.resync_seconds if due is None else min(due, self.resync_seconds))
 
     def requeue(self, namespace: str, name: str, delay: float) -> None:
         key = (namespace, name)
@@ -174,25 +221,25 @@ class ReconcileQueue:
         if old is not None:
             old.cancel()
         loop = asyncio.get_running_loop()
-        self._timers[key] = loop.call_later(delay, lambda: loop.create_task(self._background(namespace, name)))
+        self._timers[key] = loop.call_later(delay, self._due, namespace, name)
 
-    async def _background(self, namespace: str, name: str) -> None:
+    def _due(self, namespace: str, name: str) -> None:
         self._timers.pop((namespace, name), None)
-        try:
-            await self.trigger(namespace, name)
-        except Exception as error:  # noqa: BLE001 - a background pass must not die silently or kill the loop
-            logger.warning(
-                "reconcile of %s/%s failed, retrying in %s s: %s", namespace, name, ERROR_RETRY_SECONDS, error
-            )
-            self.requeue(namespace, name, ERROR_RETRY_SECONDS)
+        self.request(namespace, name)
 
     def forget(self, namespace: str, name: str) -> None:
-        timer = self._timers.pop((namespace, name), None)
+        key = (namespace, name)
+        timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+        self._failures.pop(key, None)
+        self._generations.pop(key, None)
 
     def close(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        for task in list(self._tasks):
+            if not task.get_loop().is_closed():  # asyncio.run cancels what is left when kopf's loop ends
+                task.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)

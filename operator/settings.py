@@ -5,13 +5,9 @@
   safety net: RayJob changes, edits and the decisions' own timing (backoff, deadline, TTL) trigger passes.
 - KUBERL_RECONCILE_WORKERS (16): reconcile passes that run at once (threads).
 - KUBERL_HEAD_CPU / KUBERL_HEAD_MEMORY (1 / 4Gi): the Ray head pod (it runs the controller, no GPU).
-- KUBERL_WEBHOOK_HOST (127.0.0.1): the host name the API server reaches the webhook at.
-- KUBERL_WEBHOOK_ADDR (0.0.0.0): the address the webhook listens on.
-- KUBERL_WEBHOOK_SERVICE (none): `namespace/name[:port]`, reach the webhook through this Service instead.
-- KUBERL_WEBHOOK_CERT / KUBERL_WEBHOOK_KEY (self-signed): the webhook's serving certificate and key (PEM).
-- KUBERL_WEBHOOK_CONFIGURATION (kuberl.io): the ValidatingWebhookConfiguration kopf keeps current (its
-  webhook is `validate-rljob.<this>`, which Kubernetes wants to have at least three dot-separated parts);
-  empty: none.
+- KUBERL_WEBHOOK_ADDR (0.0.0.0): the address the webhook listens on (with --webhook-port).
+- KUBERL_WEBHOOK_CERT / KUBERL_WEBHOOK_KEY (required with --webhook-port): the webhook's serving
+  certificate and key (PEM files). The ValidatingWebhookConfiguration is the Helm chart's, not the operator's.
 """
 
 import os
@@ -37,12 +33,9 @@ class OperatorSettings:
     namespaces: tuple[str, ...] = ()
     metrics_port: int | None = None
     webhook_port: int | None = None
-    webhook_host: str = "127.0.0.1"
     webhook_addr: str = "0.0.0.0"
-    webhook_service: str | None = None
     webhook_cert: str | None = None
     webhook_key: str | None = None
-    webhook_configuration: str | None = "kuberl.io"
 
     @classmethod
     def from_env(
@@ -64,10 +57,7 @@ class OperatorSettings:
             namespaces=tuple(namespaces or ()),
             metrics_port=metrics_port,
             webhook_port=webhook_port,
-            webhook_host=env.get("KUBERL_WEBHOOK_HOST", "127.0.0.1"),
             webhook_addr=env.get("KUBERL_WEBHOOK_ADDR", "0.0.0.0"),
-            webhook_service=env.get("KUBERL_WEBHOOK_SERVICE") or None,
             webhook_cert=env.get("KUBERL_WEBHOOK_CERT") or None,
             webhook_key=env.get("KUBERL_WEBHOOK_KEY") or None,
-            webhook_configuration=env.get("KUBERL_WEBHOOK_CONFIGURATION", "kuberl.io") or None,
         )

@@ -57,12 +57,16 @@ app.kubernetes.io/component: operator
 {{- printf "%s-webhook" (include "kuberl.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "kuberl.webhookSecretName" -}}
+{{- printf "%s-webhook-tls" (include "kuberl.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "kuberl.metricsServiceName" -}}
 {{- printf "%s-metrics" (include "kuberl.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "kuberl.webhookConfigurationName" -}}
-{{- default (printf "%s.%s.kuberl.io" (include "kuberl.fullname" .) .Release.Namespace) .Values.webhook.configurationName }}
+{{- default (compact (list (include "kuberl.fullname" .) .Release.Namespace "kuberl.io") | join ".") .Values.webhook.configurationName }}
 {{- end }}
 
 {{- define "kuberl.checkScope" -}}

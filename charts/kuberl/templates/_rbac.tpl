@@ -8,7 +8,7 @@ checks `create` as well as `patch`: hence create+patch on what the operator appl
 
 {{- define "kuberl.namespacedRules" -}}
 # ---- framework (kopf) ----
-# The watch stream of RLJobs, and kopf's bookkeeping annotations on them (kuberl.io/...).
+# The watch stream of RLJobs; patch only to remove the finalizer kuberl versions before 0.2 put on them.
 - apiGroups: ["kuberl.io"]
   resources: ["rljobs"]
   verbs: ["list", "watch", "patch"]
@@ -51,17 +51,5 @@ checks `create` as well as `patch`: hence create+patch on what the operator appl
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
-{{- end }}
-{{- if .Values.webhook.enabled }}
-# The admission webhook configuration kopf keeps current (created if absent, then patched with the
-# service and CA bundle). kopf manages the mutating kind beside the validating one (it stays empty).
-# `create` cannot be limited by name in RBAC; `patch` is limited to the one configuration.
-- apiGroups: ["admissionregistration.k8s.io"]
-  resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
-  verbs: ["create"]
-- apiGroups: ["admissionregistration.k8s.io"]
-  resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
-  resourceNames: [{{ include "kuberl.webhookConfigurationName" . | quote }}]
-  verbs: ["patch"]
 {{- end }}
 {{- end }}

@@ -7,6 +7,7 @@ operator using, or as an access review that says yes where it must say no.
 """
 
 import json
+import secrets
 import ssl
 import time
 import urllib.error
@@ -16,10 +17,16 @@ from typing import Any
 import pytest
 
 from kuberl.runtime.status_publisher import KubernetesStatusPublisher
-from tests.integration.chart.conftest import Installation
+from tests.integration.chart.conftest import Installation, create_namespace, webhook_answers
 from tests.integration.envtest import ControlPlane, wait_until
 
 pytestmark = pytest.mark.integration
+
+ADMISSION = "admissionregistration.k8s.io"
+WEBHOOKS = f"/apis/{ADMISSION}/v1/validatingwebhookconfigurations"
+MERGE_PATCH = "application/merge-patch+json"
+#: The finalizer kopf put on every RLJob while the operator had a timer handler (kuberl before #13).
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
 
 def granted_verbs(installation: Installation) -> set[tuple[str, str, str]]:
@@ -88,9 +95,11 @@ def call(cp: ControlPlane, token: str, method: str, path: str, body: Any = None,
     return json.loads(text) if text else None
 
 
-def refused_status(cp: ControlPlane, token: str, method: str, path: str, body: Any = None) -> int:
+def refused_status(
+    cp: ControlPlane, token: str, method: str, path: str, body: Any = None, content_type: str = ""
+) -> int:
     with pytest.raises(urllib.error.HTTPError) as refusal:
-        call(cp, token, method, path, body)
+        call(cp, token, method, path, body, content_type)
     return refusal.value.code
 
 
@@ -175,6 +184,26 @@ def live_a_whole_life(cp: ControlPlane, ns: str, name: str) -> None:
     wait_until(lambda: rljob(cp, ns, name) is None, timeout=30, what="the RLJob deleted by its TTL")
 
 
+def upgrade_an_old_job(cp: ControlPlane, ns: str, name: str) -> None:
+    """An RLJob as earlier kuberl versions left it, with kopf's finalizer: the operator removes it."""
+    manifest = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name, "finalizers": [KOPF_FINALIZER]},
+        "spec": {
+            "models": {"actor": {"path": "tiny://demo"}},
+            "data": {"train": "/data/train.jsonl"},
+            "reward": {"function": "tiny_task"},
+        },
+    }
+    cp.request("POST", rljob_path(ns), manifest)
+    wait_until(
+        lambda: not (rljob(cp, ns, name) or {}).get("metadata", {}).get("finalizers"),
+        timeout=30,
+        what="the finalizer of an earlier version removed",
+    )
+
+
 def test_operator_runs_a_job_through_a_restart_to_success_and_ttl_with_the_charts_rbac(
     control_plane: ControlPlane, installation: Installation
 ):
@@ -189,6 +218,7 @@ def test_operator_uses_every_verb_it_is_granted_and_is_refused_none(
 ):
     """The API server's audit log of the operator's own requests (not these tests' probes) against the chart's rules."""
     live_a_whole_life(control_plane, installation.jobs_namespace, "audited")
+    upgrade_an_old_job(control_plane, installation.jobs_namespace, "upgraded")
     granted = granted_verbs(installation)
     user = f"system:serviceaccount:{installation.release_namespace}:{installation.service_account}"
 
@@ -202,18 +232,49 @@ def test_operator_uses_every_verb_it_is_granted_and_is_refused_none(
     assert granted - answers.keys() == set()
 
 
-def test_operator_registers_its_webhook_and_it_refuses_a_bad_rljob(
+def test_the_charts_webhook_reaches_the_operator_and_refuses_a_bad_rljob(
     control_plane: ControlPlane, installation: Installation
 ):
-    path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{installation.webhook_configuration}"
+    path = f"{WEBHOOKS}/{installation.webhook_configuration}"
     (webhook,) = control_plane.request("GET", path)["webhooks"]
-    assert webhook["name"] == f"validate-rljob.{installation.webhook_configuration}"
-    assert webhook["clientConfig"]["caBundle"]
+    assert webhook["clientConfig"]["service"]["name"] == "kuberl-webhook"  # through the Service, as in a cluster
     with pytest.raises(urllib.error.HTTPError) as refusal:
         create_rljob(
             control_plane, installation.jobs_namespace, "needs-critic", algorithm={"advantageEstimator": "gae"}
         )
     assert "spec.models.critic" in refusal.value.read().decode()
+
+
+def test_operator_may_not_register_a_mutating_webhook(control_plane: ControlPlane, installation: Installation):
+    """One that rewrote every Pod in the cluster would make the operator's token cluster-admin."""
+    mutating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "pods.evil.example.com"},
+        "webhooks": [
+            {
+                "name": "pods.evil.example.com",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+                "clientConfig": {"url": "https://evil.example.com/mutate"},
+            }
+        ],
+    }
+    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    assert refused_status(control_plane, installation.operator_token, "POST", path, mutating) == 403
+
+
+def test_operator_may_not_widen_its_own_webhook_to_secrets(control_plane: ControlPlane, installation: Installation):
+    path = f"{WEBHOOKS}/{installation.webhook_configuration}"
+    (webhook,) = control_plane.request("GET", path)["webhooks"]
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["secrets"]}
+    widened = {"webhooks": [{**webhook, "rules": [*webhook["rules"], rule]}]}
+    status = refused_status(control_plane, installation.operator_token, "PATCH", path, widened, MERGE_PATCH)
+    assert status == 403
+    assert not allowed(
+        control_plane, installation.operator_token, None, "create", "validatingwebhookconfigurations", ADMISSION
+    )
 
 
 def test_operator_logs_no_permission_problem(control_plane: ControlPlane, installation: Installation):
@@ -294,3 +355,55 @@ def test_runtime_can_neither_read_nor_change_a_spec(control_plane: ControlPlane,
     assert not allowed(control_plane, token, ns, "patch", "rljobs", "kuberl.io")
     assert not allowed(control_plane, token, ns, "get", "secrets")
     assert not allowed(control_plane, token, ns, "create", "pods")
+
+
+def test_rljobs_carry_no_finalizer(control_plane: ControlPlane, installation: Installation):
+    ns = installation.jobs_namespace
+    create_rljob(control_plane, ns, "unfinalized")
+    wait_until(lambda: rayjob(control_plane, ns, "unfinalized-0"), timeout=30, what="the RayJob")
+    assert (rljob(control_plane, ns, "unfinalized") or {})["metadata"].get("finalizers") is None
+
+
+def test_while_the_operator_is_down_deletes_work_and_writes_wait_for_the_webhook(
+    control_plane: ControlPlane, installation: Installation
+):
+    """A clean stop leaves the webhook registered (nothing unvalidated gets in), and nothing wedges a delete."""
+    ns = installation.jobs_namespace
+    create_rljob(control_plane, ns, "outlived")
+    wait_until(lambda: rayjob(control_plane, ns, "outlived-0"), timeout=30, what="the RayJob")
+    before = control_plane.request("GET", f"{WEBHOOKS}/{installation.webhook_configuration}")
+    installation.running.stop()
+    try:
+        after = control_plane.request("GET", f"{WEBHOOKS}/{installation.webhook_configuration}")
+        assert after["webhooks"] == before["webhooks"]  # not purged by the shutdown
+        with pytest.raises(urllib.error.HTTPError) as refusal:  # an invalid spec cannot slip in meanwhile
+            create_rljob(control_plane, ns, "unchecked", algorithm={"advantageEstimator": "gae"})
+        assert "failed calling webhook" in refusal.value.read().decode()
+        control_plane.request("DELETE", rljob_path(ns, "outlived"))
+        wait_until(lambda: rljob(control_plane, ns, "outlived") is None, timeout=10, what="the RLJob deleted")
+    finally:
+        installation.running.start()
+    wait_until(lambda: webhook_answers(control_plane, ns), timeout=30, what="the webhook answering after the restart")
+    create_rljob(control_plane, ns, "after-restart")
+    wait_until(lambda: rayjob(control_plane, ns, "after-restart-0"), timeout=30, what="a job after the restart")
+
+
+def test_a_namespace_with_rljobs_deletes_while_the_operator_is_down(
+    control_plane: ControlPlane, installation: Installation
+):
+    if installation.scope != "cluster":
+        pytest.skip("needs an operator that watches a namespace created for the test")
+    ns = f"chart-gone-{secrets.token_hex(3)}"
+    create_namespace(control_plane, ns)
+    create_rljob(control_plane, ns, "doomed")
+    wait_until(lambda: rayjob(control_plane, ns, "doomed-0"), timeout=30, what="the RayJob")
+    installation.running.stop()
+    try:
+        control_plane.request("DELETE", f"/api/v1/namespaces/{ns}")
+        wait_until(
+            lambda: get_or_none(control_plane, f"/api/v1/namespaces/{ns}") is None,
+            timeout=60,
+            what=f"namespace {ns} gone",
+        )
+    finally:
+        installation.running.start()

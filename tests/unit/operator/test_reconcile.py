@@ -8,7 +8,7 @@ from kuberl.operator import names
 from kuberl.operator.decide import Decision
 from kuberl.operator.kube import ApiError
 from kuberl.operator.metrics import OperatorMetrics
-from kuberl.operator.reconcile import ReconcileQueue, Reconciler
+from kuberl.operator.reconcile import RETRY_BASE_SECONDS, RETRY_CAP_SECONDS, ReconcileQueue, Reconciler, retry_delay
 from kuberl.operator.status import OperatorStatus
 from tests.unit.operator.conftest import SETTINGS, at, make_rljob
 
@@ -142,3 +142,54 @@ def test_a_decisions_requeue_after_schedules_the_next_pass():
     asyncio.run(scenario())
     queue.close()
     assert requeueing.passes == 2
+
+
+def test_retries_of_a_failing_pass_wait_twice_as_long_each_time_up_to_a_cap():
+    delays = [retry_delay(failures) for failures in range(1, 13)]
+    assert delays[:4] == [RETRY_BASE_SECONDS, 2 * RETRY_BASE_SECONDS, 4 * RETRY_BASE_SECONDS, 8 * RETRY_BASE_SECONDS]
+    assert max(delays) == RETRY_CAP_SECONDS == delays[-1]
+    assert retry_delay(10**6) == RETRY_CAP_SECONDS  # no overflow however long the outage
+
+
+def test_a_failing_pass_is_retried_by_the_queue_with_growing_delays_and_never_raises_to_the_caller():
+    class FailingTwice(BlockingReconciler):
+        def run_pass(self, namespace: str, name: str) -> Decision:
+            self.passes += 1
+            if self.passes <= 2:
+                raise ApiError(503, "Service Unavailable")
+            return Decision(status=OperatorStatus(), write_status=False)
+
+    failing = FailingTwice()
+    queue = ReconcileQueue(failing, workers=1, resync_seconds=60)  # type: ignore[arg-type]
+    waits: list[float] = []
+    requeue = queue.requeue
+
+    def recording(namespace: str, name: str, delay: float) -> None:
+        waits.append(delay)
+        requeue(namespace, name, delay / 100)  # the same order of events, a hundred times faster
+
+    queue.requeue = recording  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        queue.request("ns", "job")  # what the handlers call: returns at once, raises nothing
+        await asyncio.sleep(0.3)
+
+    asyncio.run(scenario())
+    queue.close()
+    assert failing.passes == 3
+    assert waits == [retry_delay(1), retry_delay(2), 60]  # two retries, then the resync interval
+
+
+def test_a_status_only_change_of_an_rljob_asks_for_no_pass():
+    counting = BlockingReconciler()
+    counting.release.set()
+    queue = ReconcileQueue(counting, workers=1)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        for generation in (1, 1, 1, 2, 2):  # created; two status writes; a spec edit; a status write
+            queue.notice("ns", "job", generation)
+            await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    queue.close()
+    assert counting.passes == 2

@@ -13,7 +13,7 @@ def test_environment_variables_override_the_defaults():
         {
             "KUBERL_RUNTIME_IMAGE": "my/runtime:2",
             "KUBERL_RESYNC_SECONDS": "2.5",
-            "KUBERL_WEBHOOK_CONFIGURATION": "",
+            "KUBERL_WEBHOOK_CERT": "/tls/tls.crt",
             "KUBERL_RUNTIME_SERVICE_ACCOUNT": "kuberl-runtime",
         },
         namespaces=["a", "b"],
@@ -23,6 +23,6 @@ def test_environment_variables_override_the_defaults():
     assert settings.resync_seconds == 2.5
     assert settings.namespaces == ("a", "b")
     assert settings.metrics_port == 9100
-    assert settings.webhook_configuration is None
+    assert settings.webhook_cert == "/tls/tls.crt"
     assert settings.runtime_service_account == "kuberl-runtime"
     assert OperatorSettings.from_env({}).runtime_service_account is None
