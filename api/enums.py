@@ -192,3 +192,5 @@ class ConditionReason(StrEnum):
     SPEC_CHANGED = "SpecChanged"
     UNSAFE_SPEC_CHANGE = "UnsafeSpecChange"
     INVALID_SPEC = "InvalidSpec"
+    APPLY_FAILED = "ApplyFailed"
+    KUBERAY_MISSING = "KubeRayMissing"

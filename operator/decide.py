@@ -12,13 +12,16 @@ decides it.
 2. invalid      no valid spec to run (the webhook was bypassed): Pending, Created=False/InvalidSpec.
 3. deadline     activeDeadlineSeconds passed since startTime: Failed/DeadlineExceeded, RayJobs deleted.
 4. suspend      runPolicy.suspend: every RayJob deleted (checkpoints stay), Suspended.
-5. resume       suspend turned off: a new RayJob that resumes from the latest checkpoint.
-6. first start  no RayJob named yet: `<rljob>-0`.
-7. missing      the RayJob named in status does not exist (a crash after naming it): create exactly it.
-8. follow       the RayJob's state decides: Starting, Running, Succeeded, or Failed -> backoff ->
+5. no KubeRay   the API server does not serve RayJobs: Created=False/KubeRayMissing, looked at again later.
+6. resume       suspend turned off: a new RayJob that resumes from the latest checkpoint.
+7. first start  no RayJob named yet: `<rljob>-0`.
+8. missing      the RayJob named in status does not exist (a crash after naming it): create exactly it.
+9. follow       the RayJob's state decides: Starting, Running, Succeeded, or Failed -> backoff ->
                 a new RayJob `<rljob>-<n+1>` with --resume, until runPolicy.maxRestarts.
 
-A new RayJob is always named in status before it is created (the status is applied first), and
+Created=True is set only once the RayJob is seen to exist; a child the API server refuses turns it
+False with the API's message (`apply_failed`, written by the reconcile pass). A new RayJob is always
+named in status before it is created (the status is applied first), and
 the name comes from the name stored in status, so a pass that dies half-way is finished by the
 next one and never duplicates a RayJob. A spec change (compared with the spec in the ConfigMap,
 i.e. the one the RayJob runs) restarts the job from its checkpoint when safe (`specdiff`) and is
@@ -52,6 +55,12 @@ from kuberl.operator.status import (
 MAX_BACKOFF_SECONDS = 86400
 #: How soon to look again while a deleted RLJob's old RayJob still blocks a name.
 FOREIGN_NAME_RETRY_SECONDS = 2.0
+#: How soon to look again while the API server does not know RayJobs.
+KUBERAY_RETRY_SECONDS = 30.0
+KUBERAY_MISSING = (
+    "the API server does not know RayJobs (ray.io/v1): install KubeRay (its CRDs rayjobs.ray.io and "
+    "rayclusters.ray.io) in this cluster, then the operator creates the job's RayJob on its next pass"
+)
 #: Condition flips that deserve a Warning event rather than a Normal one.
 WARNINGS = {
     (ConditionType.FAILED.value, "True"),
@@ -68,6 +77,7 @@ class Observed:
     rljob: dict[str, Any]
     rayjobs: tuple[dict[str, Any], ...] = ()
     configmap: dict[str, Any] | None = None
+    kuberay_missing: bool = False  # the API server does not serve RayJobs (404 on the list)
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,7 @@ class _Pass:
     mine: list[dict[str, Any]]
     foreign: set[str]  # names held by RayJobs of another owner (a deleted RLJob of the same name)
     has_configmap: bool
+    kuberay_missing: bool
     apply: list[dict[str, Any]] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -184,8 +195,6 @@ class _Pass:
             start_time=self.before.start_time or self.now_text(),
             completion_time=None,
         )
-        if not is_true(self.status.conditions, ConditionType.CREATED):
-            self.condition(ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, f"created RayJob {name}")
         self.not_running(reason, message)
         self.delete_all_but(name)
         self.apply_children(names.rayjob_index(self.owner.name, name) or 0)
@@ -233,6 +242,7 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
         mine=mine,
         foreign={rj["metadata"]["name"] for rj in observed.rayjobs if not owned_by(rj, owner.uid)},
         has_configmap=observed.configmap is not None,
+        kuberay_missing=observed.kuberay_missing,
     )
 
 
@@ -291,6 +301,14 @@ def _suspend(p: _Pass) -> bool:
     return True
 
 
+def _kuberay_missing(p: _Pass) -> bool:
+    if not p.kuberay_missing:
+        return False
+    p.condition(ConditionType.CREATED, False, ConditionReason.KUBERAY_MISSING, KUBERAY_MISSING)
+    p.requeue.append(KUBERAY_RETRY_SECONDS)
+    return True
+
+
 def _resume(p: _Pass) -> bool:
     if p.before.phase != Phase.SUSPENDED:
         return False
@@ -341,6 +359,8 @@ def _follow(p: _Pass) -> bool:
         if p.new_rayjob(count_restart=False, reason=ConditionReason.SPEC_CHANGED, message=message):
             p.events.append(Event("Normal", ConditionReason.SPEC_CHANGED.value, message))
         return True
+    if not is_true(p.status.conditions, ConditionType.CREATED):  # only once the RayJob is seen to exist
+        p.condition(ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, f"created RayJob {name}")
     dashboard = (rayjob.get("status") or {}).get("dashboardURL") or None
     p.status = replace(p.status, dashboard_url=dashboard)
     if state == RayJobState.STARTING:
@@ -387,7 +407,7 @@ def _failed(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
     p.requeue.append((due - p.now).total_seconds())
 
 
-STEPS = (_finished, _invalid, _deadline, _suspend, _resume, _first_start, _missing, _follow)
+STEPS = (_finished, _invalid, _deadline, _suspend, _kuberay_missing, _resume, _first_start, _missing, _follow)
 
 
 def _spec_refusal(p: _Pass) -> None:
@@ -404,7 +424,13 @@ def _spec_refusal(p: _Pass) -> None:
         )
 
 
-def _transition_events(before: OperatorStatus, after: OperatorStatus) -> list[Event]:
+def apply_failed(status: OperatorStatus, kind: str, name: str, message: str, now: datetime) -> OperatorStatus:
+    """The status after the API server refused to create or update a child: Created=False with its words."""
+    detail = f"the API server refused {kind} {name}: {message}"
+    return status.with_condition(ConditionType.CREATED, False, ConditionReason.APPLY_FAILED, detail, now)
+
+
+def transition_events(before: OperatorStatus, after: OperatorStatus) -> list[Event]:
     events = []
     for condition in flipped(before.conditions, after.conditions):
         if condition["type"] == ConditionType.RUNNING.value and condition["status"] == "False":
@@ -428,7 +454,7 @@ def decide(observed: Observed, now: datetime, settings: OperatorSettings) -> Dec
         # the operator's own and may bring no further event (completionTime counts in whole seconds,
         # so `ttl` after now is never early)
         p.requeue.append(float(ttl))
-    events = _transition_events(p.before, p.status) + p.events
+    events = transition_events(p.before, p.status) + p.events
     return Decision(
         status=p.status,
         write_status=p.status.to_status() != p.before.to_status(),

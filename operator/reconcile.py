@@ -11,6 +11,11 @@ that keeps a crash harmless:
 2. deletions of old RayJobs, 3. the ConfigMap and the RayJob (server-side apply: applying the
    same name twice is one object), 4. the RLJob itself when its TTL is up, 5. Events.
 
+A child the API server refuses (a quota, a policy engine, KubeRay's schema, a missing CRD) ends the
+pass with a second status write, Created=False with the API server's message and one Warning event
+(`report_failure`), and the queue retries it with a growing delay. Errors with no answer or a 5xx
+are transient: retried the same way, with no condition.
+
 `ReconcileQueue` gives each RLJob at most one pass at a time: a trigger that arrives during a pass
 (a RayJob status change, an edit, a timer) makes exactly one more pass after it; a decision's
 `requeue_after` schedules the next pass (backoff, deadline, TTL), the resync interval bounds it, and
@@ -21,28 +26,33 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from typing import Any
 
 from kuberl.api import KIND
 from kuberl.operator import names
 from kuberl.operator.builders import Owner, build_event
-from kuberl.operator.decide import Decision, Observed, decide
+from kuberl.operator.decide import (
+    KUBERAY_MISSING,
+    Decision,
+    Event,
+    Observed,
+    apply_failed,
+    decide,
+    transition_events,
+)
 from kuberl.operator.kube import ApiError, Kube
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.settings import OperatorSettings
-from kuberl.operator.status import format_time
+from kuberl.operator.status import OperatorStatus, format_time
 
 logger = logging.getLogger("kuberl.operator")
 
 Key = tuple[str, str]  # (namespace, name)
 #: Passes in a row that may hit a write conflict before the error goes to the caller (and kopf retries).
 CONFLICT_RETRIES = 3
-KUBERAY_MISSING = (
-    "the API server does not know RayJobs (ray.io/v1): install KubeRay (its CRDs rayjobs.ray.io and "
-    "rayclusters.ray.io) in this cluster, then the operator creates the job's RayJob on its next pass"
-)
 #: Retries of a failed pass wait RETRY_BASE_SECONDS, then twice as long each time, at most RETRY_CAP_SECONDS.
 RETRY_BASE_SECONDS = 1.0
 RETRY_CAP_SECONDS = 300.0
@@ -50,6 +60,14 @@ RETRY_CAP_SECONDS = 300.0
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class ApplyFailed(Exception):
+    """The API server refused to create or change a child for a reason retrying as is will not fix."""
+
+    def __init__(self, kind: str, name: str, message: str) -> None:
+        self.kind, self.name, self.message = kind, name, message
+        super().__init__(f"{kind} {name}: {message}")
 
 
 class Reconciler:
@@ -67,37 +85,59 @@ class Reconciler:
         rljob = self.kube.get(names.rljob_path(namespace, name))
         if rljob is None or rljob["metadata"].get("deletionTimestamp"):
             return None
-        rayjobs = self.kube.list(names.rayjob_path(namespace), f"{names.JOB_LABEL}={name}")
+        try:
+            rayjobs = self.kube.list(names.rayjob_path(namespace), f"{names.JOB_LABEL}={name}")
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            return Observed(rljob=rljob, kuberay_missing=True)
         configmap = self.kube.get(names.configmap_path(namespace, names.configmap_name(name)))
         return Observed(rljob=rljob, rayjobs=tuple(rayjobs), configmap=configmap)
 
+    def write_status(self, rljob: dict[str, Any], status: OperatorStatus, resource_version: str) -> None:
+        """Apply the operator's status fields; a conflict (409) if the RLJob moved past `resource_version`."""
+        meta = rljob["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        self.kube.apply(
+            names.rljob_path(namespace, name) + "/status",
+            {
+                "apiVersion": names.RLJOB_API_VERSION,
+                "kind": KIND,
+                "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+                "status": status.to_status(),
+            },
+        )
+
     def act(self, observed: Observed, decision: Decision) -> None:
+        """Carry the decision out; ApplyFailed when the API server refuses a child (after the status write)."""
         meta = observed.rljob["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         if decision.write_status:
-            self.kube.apply(
-                names.rljob_path(namespace, name) + "/status",
-                {
-                    "apiVersion": names.RLJOB_API_VERSION,
-                    "kind": KIND,
-                    "metadata": {"name": name, "namespace": namespace, "resourceVersion": meta["resourceVersion"]},
-                    "status": decision.status.to_status(),
-                },
-            )
+            self.write_status(observed.rljob, decision.status, str(meta["resourceVersion"]))
         for rayjob in decision.delete_rayjobs:
             self.kube.delete(names.rayjob_path(namespace, rayjob))
         for child in decision.apply:
-            path = names.configmap_path if child["kind"] == "ConfigMap" else names.rayjob_path
-            try:
-                self.kube.apply(path(namespace, child["metadata"]["name"]), child)
-            except ApiError as error:
-                if error.status == 404 and child["kind"] == "RayJob":
-                    raise ApiError(404, "RayJob kind unknown", KUBERAY_MISSING) from error
-                raise
+            self.apply_child(namespace, child)
         if decision.delete_rljob:
             self.kube.delete(names.rljob_path(namespace, name), uid=meta["uid"])
-        owner = Owner.of(observed.rljob)
-        for event in decision.events:
+        self.post_events(observed.rljob, decision.events)
+
+    def apply_child(self, namespace: str, child: dict[str, Any]) -> None:
+        kind, name = child["kind"], child["metadata"]["name"]
+        path = names.configmap_path if kind == "ConfigMap" else names.rayjob_path
+        try:
+            self.kube.apply(path(namespace, name), child)
+        except ApiError as error:
+            if error.conflict or error.transient:
+                raise
+            if error.status == 404 and kind == "RayJob":
+                raise ApplyFailed(kind, name, KUBERAY_MISSING) from error
+            raise ApplyFailed(kind, name, error.message) from error
+
+    def post_events(self, rljob: dict[str, Any], events: Sequence[Event]) -> None:
+        owner = Owner.of(rljob)
+        namespace, name = owner.namespace, owner.name
+        for event in events:
             body = build_event(
                 owner,
                 kind=event.type,
@@ -110,6 +150,16 @@ class Reconciler:
                 self.kube.create(names.events_path(namespace), body)
             except ApiError as error:  # events are best effort: never fail a pass for one
                 logger.warning("event %s for %s/%s not posted: %s", event.reason, namespace, name, error)
+
+    def report_failure(self, observed: Observed, decision: Decision, failure: ApplyFailed) -> None:
+        """Status follows what happened: Created=False with the API server's message, and a Warning event once."""
+        meta = observed.rljob["metadata"]
+        current = self.kube.get(names.rljob_path(meta["namespace"], meta["name"]))  # after this pass's status write
+        if current is None:
+            return
+        failed = apply_failed(decision.status, failure.kind, failure.name, failure.message, self.clock())
+        self.write_status(current, failed, str(current["metadata"]["resourceVersion"]))
+        self.post_events(observed.rljob, transition_events(decision.status, failed))
 
     def run_pass(self, namespace: str, name: str) -> Decision | None:
         """Observe, decide, act; None when the RLJob is gone. Write conflicts re-run the pass."""
@@ -127,6 +177,9 @@ class Reconciler:
                 except ApiError as error:
                     if error.conflict and attempt + 1 < CONFLICT_RETRIES:
                         continue
+                    raise
+                except ApplyFailed as failure:
+                    self.report_failure(observed, decision, failure)
                     raise
                 self.metrics.job_phase((namespace, name), decision.status.phase.value)
                 return decision

@@ -6,8 +6,10 @@ as KubeRay would); the RayJob CRD is a structural fake (crds/fake-kuberay-rayjob
 
 import json
 import shlex
+import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 import yaml
@@ -249,3 +251,32 @@ def test_a_finished_job_is_deleted_when_its_ttl_is_up(cluster: Cluster):
     cluster.kuberay("brief-0", "Complete", "SUCCEEDED")
     cluster.wait_status("brief", phase="Succeeded")
     wait_for(lambda: cluster.rljob("brief") is None, timeout=15, what="the RLJob deleted by its TTL")
+
+
+def test_a_refused_rayjob_shows_the_api_servers_message_and_is_retried_until_it_goes_through(
+    cluster: Cluster, control_plane: ControlPlane
+):
+    """A quota the RayJob does not fit: Created=False with the quota's words, one Warning, then created once lifted."""
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-rayjobs", "namespace": cluster.ns}}
+    quotas = f"/api/v1/namespaces/{cluster.ns}/resourcequotas"
+    control_plane.request("POST", quotas, {**quota, "spec": {"hard": {"count/rayjobs.ray.io": "0"}}})
+    usage = {"hard": {"count/rayjobs.ray.io": "0"}, "used": {"count/rayjobs.ray.io": "0"}}
+    current = control_plane.request("GET", f"{quotas}/no-rayjobs")  # the quota controller's job: it does not run here
+    control_plane.request("PUT", f"{quotas}/no-rayjobs/status", {**current, "status": usage})
+    cluster.create("squeezed", tiny_spec())
+
+    def refused() -> dict[str, Any] | None:
+        created = next((c for c in cluster.status("squeezed").get("conditions", []) if c["type"] == "Created"), None)
+        return created if created and created["reason"] == "ApplyFailed" else None
+
+    created = wait_for(refused, what="Created=False/ApplyFailed")
+    assert created["status"] == "False"
+    assert "RayJob squeezed-0" in created["message"] and "exceeded quota: no-rayjobs" in created["message"]
+    time.sleep(3)  # retries meanwhile (after 1 s, then 2 s) bring no new Event
+    warnings = [e for e in cluster.events("squeezed") if e["reason"] == "ApplyFailed"]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+    control_plane.request("DELETE", f"{quotas}/no-rayjobs")
+    wait_for(lambda: "squeezed-0" in cluster.rayjobs(), timeout=30, what="the RayJob once the quota is gone")
+    status = cluster.wait_status("squeezed", phase="Starting")
+    created = next(c for c in status["conditions"] if c["type"] == "Created")
+    assert (created["status"], created["reason"]) == ("True", "RayJobCreated")

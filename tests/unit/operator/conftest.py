@@ -72,9 +72,12 @@ class World:
     rayjobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     configmap: dict[str, Any] | None = None
     deleted: bool = False
+    kuberay_missing: bool = False
     history: list[Decision] = field(default_factory=list)
 
     def observed(self) -> Observed:
+        if self.kuberay_missing:
+            return Observed(rljob=self.rljob, kuberay_missing=True)
         return Observed(rljob=self.rljob, rayjobs=tuple(self.rayjobs.values()), configmap=self.configmap)
 
     def step(self, now: datetime, *, crash_after_status: bool = False) -> Decision:

@@ -9,7 +9,16 @@ import shlex
 
 import yaml
 
-from kuberl.operator.decide import Event, backoff_seconds, decide
+from kuberl.api.enums import ConditionReason, ConditionType
+from kuberl.operator.decide import (
+    KUBERAY_RETRY_SECONDS,
+    Event,
+    apply_failed,
+    backoff_seconds,
+    decide,
+    transition_events,
+)
+from kuberl.operator.status import OperatorStatus
 from tests.unit.operator.conftest import SETTINGS, World, at, make_rljob
 
 
@@ -45,7 +54,50 @@ def test_the_first_pass_names_the_rayjob_in_status_and_creates_it_with_its_confi
     assert world.status["startTime"] == "2025-01-01T12:00:00Z"
     assert [child["kind"] for child in decision.apply] == ["ConfigMap", "RayJob"]
     assert rayjob_names(world) == ["tiny-grpo-0"]
-    assert world.condition("Created")["status"] == "True"
+
+
+def test_created_turns_true_only_once_the_rayjob_is_seen_to_exist(world: World):
+    world.step(at(0), crash_after_status=True)  # named in status; the create never happened
+    assert world.condition("Created") is None
+    world.step(at(1))  # creates it
+    assert world.condition("Created") is None
+    decision = world.step(at(2))  # sees it
+    assert world.condition("Created") == {
+        "type": "Created",
+        "status": "True",
+        "reason": "RayJobCreated",
+        "message": "created RayJob tiny-grpo-0",
+        "lastTransitionTime": "2025-01-01T12:00:02Z",
+    }
+    assert [event.reason for event in decision.events] == ["RayJobCreated"]
+
+
+def test_a_refused_child_is_a_created_false_condition_with_the_api_servers_words():
+    status = OperatorStatus().with_condition(
+        ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "created RayJob tiny-grpo-0", at(0)
+    )
+    failed = apply_failed(status, "RayJob", "tiny-grpo-1", "exceeded quota: gpus, requested: 8, limited: 4", at(5))
+    (created,) = failed.conditions
+    assert (created["status"], created["reason"]) == ("False", "ApplyFailed")
+    assert (
+        created["message"]
+        == "the API server refused RayJob tiny-grpo-1: exceeded quota: gpus, requested: 8, limited: 4"
+    )
+    (event,) = transition_events(status, failed)
+    assert (event.type, event.reason) == ("Warning", "ApplyFailed")
+
+
+def test_a_missing_kuberay_is_a_condition_that_says_what_to_install_and_is_looked_at_again(world: World):
+    world.kuberay_missing = True
+    decision = world.step(at(0))
+    created = world.condition("Created")
+    assert created is not None and (created["status"], created["reason"]) == ("False", "KubeRayMissing")
+    assert "install KubeRay" in created["message"]
+    assert decision.apply == () and decision.requeue_after == KUBERAY_RETRY_SECONDS
+    assert world.status["phase"] == "Pending"
+    world.kuberay_missing = False  # installed meanwhile
+    world.step(at(30))
+    assert rayjob_names(world) == ["tiny-grpo-0"]
 
 
 def test_a_crash_after_naming_the_rayjob_creates_exactly_that_rayjob_next_pass(world: World):
@@ -59,6 +111,7 @@ def test_a_crash_after_naming_the_rayjob_creates_exactly_that_rayjob_next_pass(w
 
 def test_a_pass_with_nothing_new_writes_and_creates_nothing(world: World):
     started(world)
+    world.step(at(4))  # sees the RayJob: Created=True
     decision = world.step(at(5))
     assert (decision.write_status, decision.apply, decision.delete_rayjobs, decision.events) == (False, (), (), ())
 

@@ -1,14 +1,24 @@
 """The I/O pass and its queue, with a fake API server: the order of writes and the coalescing of triggers."""
 
 import asyncio
+import json
 import threading
 from typing import Any
+
+import pytest
 
 from kuberl.operator import names
 from kuberl.operator.decide import Decision
 from kuberl.operator.kube import ApiError
 from kuberl.operator.metrics import OperatorMetrics
-from kuberl.operator.reconcile import RETRY_BASE_SECONDS, RETRY_CAP_SECONDS, ReconcileQueue, Reconciler, retry_delay
+from kuberl.operator.reconcile import (
+    RETRY_BASE_SECONDS,
+    RETRY_CAP_SECONDS,
+    ApplyFailed,
+    ReconcileQueue,
+    Reconciler,
+    retry_delay,
+)
 from kuberl.operator.status import OperatorStatus
 from tests.unit.operator.conftest import SETTINGS, at, make_rljob
 
@@ -23,6 +33,8 @@ class FakeKube:
         self.objects: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
         self.conflicts = conflicts
+        self.refusals: dict[str, ApiError] = {}
+        self.created: list[dict[str, Any]] = []  # path -> what the API server answers to an apply there
 
     def get(self, path: str) -> dict[str, Any] | None:
         self.calls.append(("GET", path))
@@ -34,6 +46,8 @@ class FakeKube:
 
     def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("APPLY", path))
+        if path in self.refusals:
+            raise self.refusals[path]
         if path.endswith("/status"):
             if self.conflicts:
                 self.conflicts -= 1
@@ -50,6 +64,7 @@ class FakeKube:
 
     def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("CREATE", path))
+        self.created.append(body)
         return body
 
 
@@ -68,7 +83,6 @@ def test_the_status_naming_the_rayjob_is_written_before_anything_is_created():
         ("APPLY", JOB + "/status"),
         ("APPLY", names.configmap_path("team-a", "tiny-grpo-spec")),
         ("APPLY", names.rayjob_path("team-a", "tiny-grpo-0")),
-        ("CREATE", names.events_path("team-a")),
     ]
 
 
@@ -193,3 +207,42 @@ def test_a_status_only_change_of_an_rljob_asks_for_no_pass():
     asyncio.run(scenario())
     queue.close()
     assert counting.passes == 2
+
+
+QUOTA = json.dumps(
+    {
+        "kind": "Status",
+        "status": "Failure",
+        "message": 'rayjobs.ray.io "tiny-grpo-0" is forbidden: exceeded quota: gpus, requested: 8, limited: 4',
+        "reason": "Forbidden",
+        "code": 403,
+    }
+)
+
+
+def test_a_refused_rayjob_leaves_created_false_with_the_api_servers_message_and_one_warning():
+    kube = FakeKube()
+    kube.refusals[names.rayjob_path("team-a", "tiny-grpo-0")] = ApiError(403, "Forbidden", QUOTA)
+    with pytest.raises(ApplyFailed):  # the queue retries it with a growing delay
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert kube.rljob is not None
+    (created,) = [c for c in kube.rljob["status"]["conditions"] if c["type"] == "Created"]
+    assert (created["status"], created["reason"]) == ("False", "ApplyFailed")
+    assert created["message"] == (
+        "the API server refused RayJob tiny-grpo-0: "
+        'rayjobs.ray.io "tiny-grpo-0" is forbidden: exceeded quota: gpus, requested: 8, limited: 4'
+    )
+    assert [(e["type"], e["reason"]) for e in kube.created] == [("Warning", "ApplyFailed")]
+    with pytest.raises(ApplyFailed):  # refused again: the condition stands, no second event
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert len(kube.created) == 1
+
+
+def test_an_unreachable_or_failing_api_server_is_transient_and_writes_no_condition():
+    kube = FakeKube()
+    kube.refusals[names.rayjob_path("team-a", "tiny-grpo-0")] = ApiError(503, "Service Unavailable")
+    with pytest.raises(ApiError) as raised:
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert raised.value.transient
+    assert kube.rljob is not None
+    assert not [c for c in kube.rljob["status"].get("conditions", []) if c["reason"] == "ApplyFailed"]
