@@ -10,10 +10,15 @@ group with `.options(resources={"kuberl_<role>": 1})`. Elastic roles (minReplica
 turn on KubeRay's in-tree autoscaler; the RayJob is never re-applied once created, so replica
 counts the autoscaler moves are never fought over.
 
-The entrypoint is an argument list joined with shlex.join: KubeRay hands it to a shell
-(`ray job submit ... -- <entrypoint>`), and no user string is ever pasted into it.
+Every pod passes Pod Security `restricted` (pods.py), runs as the job's own ServiceAccount
+(access.py), and only the head pod, where the controller publishes its report, mounts its token.
+Ray's token authentication is on (`authOptions`), and KubeRay submits over HTTP (no submitter pod).
+
+The entrypoint is an argument list joined with shlex.join: KubeRay hands it to the head's Ray Jobs API,
+and no user string is ever pasted into it.
 """
 
+import copy
 import json
 import shlex
 from dataclasses import dataclass
@@ -25,7 +30,7 @@ from kuberl.api import KIND, RLJob
 from kuberl.api.enums import Role
 from kuberl.api.resources import RoleResources
 from kuberl.operator import names
-from kuberl.operator.pods import container_resources, merge
+from kuberl.operator.pods import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT, container_resources, merge
 
 #: Units of its group's custom Ray resource each worker pod offers (actors ask for 1, or a fraction).
 RAY_RESOURCE_UNITS = 1000
@@ -38,6 +43,10 @@ HEAD_PORTS = (
         "name": "client",
     },
 )
+#: The Ray version the runtime image carries (KubeRay needs it with authOptions; 2.52+ has token auth).
+DEFAULT_RAY_VERSION = "2.60.0"
+#: The role name of the head pod, which runs the controller.
+HEAD_ROLE = "head"
 SPEC_VOLUME = "kuberl-spec"
 CHECKPOINT_VOLUME = "kuberl-checkpoints"
 
@@ -142,6 +151,8 @@ def pod_env(job: RLJob, role: str) -> list[dict[str, Any]]:
         {"name": "KUBERL_JOB_NAMESPACE", "value": job.metadata.namespace or ""},
         {"name": "KUBERL_ROLE", "value": role},
     ]
+    if role == HEAD_ROLE:  # where the controller publishes its progress (access.py)
+        own.append({"name": "KUBERL_STATUS_CONFIGMAP", "value": names.progress_configmap_name(job.metadata.name)})
     endpoint = job.spec.reward.endpoint
     if endpoint is not None and endpoint.secret_ref is not None:
         own.append(
@@ -179,8 +190,8 @@ def pod_template(
     image: str,
     resources: dict[str, Any],
     pool: RoleResources | None,
-    service_account: str | None = None,
 ) -> dict[str, Any]:
+    """A role's pod: Pod Security `restricted`, the job's own ServiceAccount, its token only in the head pod."""
     volumes, mounts = pod_volumes(job, names.configmap_name(job.metadata.name))
     main: dict[str, Any] = {
         "name": container,
@@ -188,17 +199,22 @@ def pod_template(
         "env": pod_env(job, role),
         "resources": resources,
         "volumeMounts": mounts,
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     env_from = pod_env_from(job)
     if env_from:
         main["envFrom"] = env_from
     if container == "ray-head":
         main["ports"] = [dict(port) for port in HEAD_PORTS]
-    spec: dict[str, Any] = {"containers": [main], "volumes": volumes}
-    if (
-        service_account
-    ):  # the runtime publishes the RLJob's progress as this account (a pool's podTemplate may override)
-        spec["serviceAccountName"] = service_account
+    spec: dict[str, Any] = {
+        "containers": [main],
+        "volumes": volumes,
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        # the controller on the head publishes the job's report with this account's token (and KubeRay's
+        # autoscaler, a container of the head pod, uses it); worker pods, which run reward code, get no token
+        "serviceAccountName": names.runtime_account_name(job.metadata.name),
+        "automountServiceAccountToken": role == HEAD_ROLE,
+    }
     if pool is not None and pool.node_selector:
         spec["nodeSelector"] = dict(pool.node_selector)
     if pool is not None and pool.tolerations:
@@ -209,9 +225,7 @@ def pod_template(
     return template
 
 
-def worker_group(
-    job: RLJob, role: Role, pool: RoleResources, image: str, service_account: str | None = None
-) -> dict[str, Any]:
+def worker_group(job: RLJob, role: Role, pool: RoleResources, image: str) -> dict[str, Any]:
     """One Ray worker group for a role: replicas, the autoscaler's bounds, and its pods."""
     low, high = (pool.effective_min, pool.effective_max) if pool.is_elastic else (pool.replicas, pool.replicas)
     return {
@@ -227,23 +241,21 @@ def worker_group(
             image=image,
             resources=container_resources(pool),
             pool=pool,
-            service_account=service_account,
         ),
     }
 
 
-def head_group(job: RLJob, image: str, cpu: str, memory: str, service_account: str | None = None) -> dict[str, Any]:
+def head_group(job: RLJob, image: str, cpu: str, memory: str) -> dict[str, Any]:
     amounts = {"cpu": cpu, "memory": memory}
     return {
         "rayStartParams": {"dashboard-host": "0.0.0.0"},
         "template": pod_template(
             job,
-            role="head",
+            role=HEAD_ROLE,
             container="ray-head",
             image=image,
             resources={"requests": dict(amounts), "limits": dict(amounts)},
             pool=None,
-            service_account=service_account,
         ),
     }
 
@@ -257,12 +269,28 @@ def build_rayjob(
     generation: int,
     head_cpu: str = "1",
     head_memory: str = "4Gi",
-    service_account: str | None = None,
+    ray_version: str = DEFAULT_RAY_VERSION,
 ) -> dict[str, Any]:
-    """RayJob `<rljob>-<index>`: the runtime on a Ray cluster with one worker group per role; index > 0 resumes."""
+    """RayJob `<rljob>-<index>`: the runtime on a Ray cluster with one worker group per role; index > 0 resumes.
+
+    Ray's token authentication is on with the job's own token (`authOptions`, KubeRay 1.6+: KubeRay puts
+    the Secret's token into every Ray container and its own dashboard client; it needs `rayVersion`).
+    KubeRay submits the job over HTTP (HTTPMode), so no submitter pod is created: the head, the workers
+    and KubeRay's operator are all that talk to the cluster (access.py's NetworkPolicy).
+    """
     image = job.spec.image or default_image
     pools = role_pools(job)
     marks = {names.RESTART_LABEL: str(index)}
+    elastic = any(pool.is_elastic for _, pool in pools)
+    cluster: dict[str, Any] = {
+        "rayVersion": ray_version,
+        "authOptions": {"mode": "token", "secretName": names.ray_token_secret_name(owner.name)},
+        "enableInTreeAutoscaling": elastic,
+        "headGroupSpec": head_group(job, image, head_cpu, head_memory),
+        "workerGroupSpecs": [worker_group(job, role, pool, image) for role, pool in pools],
+    }
+    if elastic:  # KubeRay adds the autoscaler as a container of the head pod: restricted like the others
+        cluster["autoscalerOptions"] = {"securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT)}
     return {
         "apiVersion": names.RAY_API_VERSION,
         "kind": "RayJob",
@@ -274,12 +302,9 @@ def build_rayjob(
         ),
         "spec": {
             "entrypoint": entrypoint(resume=index > 0),
+            "submissionMode": "HTTPMode",
             "shutdownAfterJobFinishes": True,
-            "rayClusterSpec": {
-                "enableInTreeAutoscaling": any(pool.is_elastic for _, pool in pools),
-                "headGroupSpec": head_group(job, image, head_cpu, head_memory, service_account),
-                "workerGroupSpecs": [worker_group(job, role, pool, image, service_account) for role, pool in pools],
-            },
+            "rayClusterSpec": cluster,
         },
     }
 

@@ -1,7 +1,7 @@
 """The decision of one reconcile pass: a pure function from what was observed to what to do.
 
 `decide(observed, now, settings)` reads the RLJob (spec and the status written so far), the
-job's RayJobs and its spec ConfigMap, and returns a `Decision`: the operator's status fields,
+job's RayJobs, its spec ConfigMap and the runtime's report, and returns a `Decision`: the status,
 the children to apply, the RayJobs to delete, the Events to post and when to look again. It
 reads no clock and does no I/O, so every rule is a table test (tests/unit/operator/).
 
@@ -36,6 +36,7 @@ from kuberl.api import ManifestError, RLJob, parse_rljob
 from kuberl.api.enums import TERMINAL_PHASES, ConditionReason, ConditionType, Phase
 from kuberl.api.spec import RunPolicy
 from kuberl.operator import names
+from kuberl.operator.access import build_access, build_progress_configmap
 from kuberl.operator.builders import Owner, build_configmap, build_rayjob, configmap_spec, spec_manifest
 from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.specdiff import runtime_spec_changed, unsafe_changes
@@ -49,6 +50,7 @@ from kuberl.operator.status import (
     parse_time,
     rayjob_message,
     rayjob_state,
+    read_report,
 )
 
 #: The longest wait before a restart, however many restarts came before (runPolicy.backoffSeconds' own maximum).
@@ -78,6 +80,7 @@ class Observed:
     rayjobs: tuple[dict[str, Any], ...] = ()
     configmap: dict[str, Any] | None = None
     kuberay_missing: bool = False  # the API server does not serve RayJobs (404 on the list)
+    progress: dict[str, Any] | None = None  # the ConfigMap the runtime reports into (access.py)
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class _Pass:
     mine: list[dict[str, Any]]
     foreign: set[str]  # names held by RayJobs of another owner (a deleted RLJob of the same name)
     has_configmap: bool
+    has_progress: bool
     kuberay_missing: bool
     apply: list[dict[str, Any]] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
@@ -166,6 +170,7 @@ class _Pass:
 
     def apply_children(self, index: int) -> None:
         assert self.run_spec is not None and self.run_job is not None
+        self.apply.extend(build_access(self.owner, self.settings.kuberay))
         self.apply.append(build_configmap(self.owner, self.run_spec, self.generation))
         self.apply.append(
             build_rayjob(
@@ -176,7 +181,7 @@ class _Pass:
                 generation=self.generation,
                 head_cpu=self.settings.head_cpu,
                 head_memory=self.settings.head_memory,
-                service_account=self.settings.runtime_service_account,
+                ray_version=self.settings.ray_version,
             )
         )
 
@@ -226,13 +231,17 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
     mine = [rj for rj in observed.rayjobs if owned_by(rj, owner.uid)]
     current = next((rj for rj in mine if rj["metadata"]["name"] == before.ray_job_name), None)
     source = desired or running
+    status = replace(before, observed_generation=meta.get("generation"))
+    report = read_report(observed.progress)
+    if report is not None:
+        status = status.with_report(report)
     return _Pass(
         now=now,
         settings=settings,
         owner=owner,
         generation=int(meta.get("generation") or 0),
         before=before,
-        status=replace(before, observed_generation=meta.get("generation")),
+        status=status,
         policy=_run_policy(desired_spec, source),
         run_spec=run_spec,
         run_job=run_job,
@@ -242,6 +251,7 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
         mine=mine,
         foreign={rj["metadata"]["name"] for rj in observed.rayjobs if not owned_by(rj, owner.uid)},
         has_configmap=observed.configmap is not None,
+        has_progress=observed.progress is not None,
         kuberay_missing=observed.kuberay_missing,
     )
 
@@ -353,6 +363,8 @@ def _follow(p: _Pass) -> bool:
     p.delete_all_but(name)
     if not p.has_configmap and p.run_spec is not None:
         p.apply.append(build_configmap(p.owner, p.run_spec, p.generation))
+    if not p.has_progress:
+        p.apply.append(build_progress_configmap(p.owner))
     if state in (RayJobState.STARTING, RayJobState.RUNNING) and p.safe_change:
         following = names.next_rayjob_name(p.owner.name, name)
         message = f"spec generation {p.generation} changed: {following} continues from the latest checkpoint"

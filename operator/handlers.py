@@ -8,7 +8,8 @@ give every job its resync. kopf also removes the finalizer earlier versions put 
 
 An RLJob event asks for a pass when the job is new to this operator or its spec changed (a new
 generation); a status-only change is the operator's own write and needs none. Changes of a RayJob
-labelled `kuberl.io/job` (KubeRay moving its status) always ask for one. A pass that fails is retried
+labelled `kuberl.io/job` (KubeRay moving its status) and of a job's report ConfigMap (the runtime
+publishing progress) always ask for one. A pass that fails is retried
 by the queue with a growing delay; a handler never raises, so kopf posts no Error event per failure.
 """
 
@@ -33,6 +34,10 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING  # the operator posts its own Events on transitions
+        # Watch only what concerns jobs, filtered by the API server: the runtimes' report ConfigMaps, and
+        # RayJobs labelled with a job (not every ConfigMap and RayJob of the cluster).
+        settings.watching.label_selectors["v1", "configmaps"] = f"{names.COMPONENT_LABEL}={names.PROGRESS_COMPONENT}"
+        settings.watching.label_selectors[names.RAY_GROUP, "rayjobs"] = names.JOB_LABEL
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def rljob_changed(
@@ -50,5 +55,16 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         names.RAY_GROUP, names.RAY_VERSION, "rayjobs", labels={names.JOB_LABEL: kopf.PRESENT}, registry=registry
     )
     async def rayjob_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
+        if namespace is not None:
+            memo.queue.request(namespace, labels[names.JOB_LABEL])
+
+    @kopf.on.event(
+        "v1",
+        "configmaps",
+        labels={names.COMPONENT_LABEL: names.PROGRESS_COMPONENT, names.JOB_LABEL: kopf.PRESENT},
+        registry=registry,
+    )
+    async def report_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
+        """The runtime wrote its report: the pass copies it into the RLJob's status (the pass reads it by name)."""
         if namespace is not None:
             memo.queue.request(namespace, labels[names.JOB_LABEL])

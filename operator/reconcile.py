@@ -1,15 +1,16 @@
 """One level-triggered reconcile pass per RLJob: observe -> decide (pure) -> apply; and the queue that runs them.
 
 `Reconciler.run_pass` is synchronous I/O (it runs in a worker thread): it reads the RLJob, the
-RayJobs labelled with its name and its spec ConfigMap, calls `decide`, then acts in an order
-that keeps a crash harmless:
+RayJobs labelled with its name, its spec ConfigMap and the runtime's report, calls `decide`, then
+acts in an order that keeps a crash harmless:
 
 1. the status (server-side apply under FIELD_MANAGER, with the observed resourceVersion as a
    precondition): a new RayJob's name is committed here, before the RayJob exists. Only the
    operator's fields are sent, so the runtime's progress/metrics/lastCheckpoint are untouched.
    A conflict (someone wrote the RLJob meanwhile) re-runs the pass on fresh data.
-2. deletions of old RayJobs, 3. the ConfigMap and the RayJob (server-side apply: applying the
-   same name twice is one object), 4. the RLJob itself when its TTL is up, 5. Events.
+2. deletions of old RayJobs, 3. the children: the job's access objects (access.py; created once,
+   the Ray token Secret with a fresh random token), the ConfigMaps and the RayJob (server-side apply:
+   applying the same name twice is one object), 4. the RLJob itself when its TTL is up, 5. Events.
 
 A child the API server refuses (a quota, a policy engine, KubeRay's schema, a missing CRD) ends the
 pass with a second status write, Created=False with the API server's message and one Warning event
@@ -33,6 +34,7 @@ from typing import Any
 
 from kuberl.api import KIND
 from kuberl.operator import names
+from kuberl.operator.access import CREATE_ONLY, with_new_token
 from kuberl.operator.builders import Owner, build_event
 from kuberl.operator.decide import (
     KUBERAY_MISSING,
@@ -92,7 +94,8 @@ class Reconciler:
                 raise
             return Observed(rljob=rljob, kuberay_missing=True)
         configmap = self.kube.get(names.configmap_path(namespace, names.configmap_name(name)))
-        return Observed(rljob=rljob, rayjobs=tuple(rayjobs), configmap=configmap)
+        progress = self.kube.get(names.configmap_path(namespace, names.progress_configmap_name(name)))
+        return Observed(rljob=rljob, rayjobs=tuple(rayjobs), configmap=configmap, progress=progress)
 
     def write_status(self, rljob: dict[str, Any], status: OperatorStatus, resource_version: str) -> None:
         """Apply the operator's status fields; a conflict (409) if the RLJob moved past `resource_version`."""
@@ -123,16 +126,28 @@ class Reconciler:
         self.post_events(observed.rljob, decision.events)
 
     def apply_child(self, namespace: str, child: dict[str, Any]) -> None:
+        """Server-side apply, or for access.CREATE_ONLY kinds a create that leaves an existing object alone."""
         kind, name = child["kind"], child["metadata"]["name"]
-        path = names.configmap_path if kind == "ConfigMap" else names.rayjob_path
         try:
-            self.kube.apply(path(namespace, name), child)
+            if kind in CREATE_ONLY:
+                self.create_once(namespace, child)
+            else:
+                self.kube.apply(names.object_path(kind, namespace, name), child)
         except ApiError as error:
             if error.conflict or error.transient:
                 raise
             if error.status == 404 and kind == "RayJob":
                 raise ApplyFailed(kind, name, KUBERAY_MISSING) from error
             raise ApplyFailed(kind, name, error.message) from error
+
+    def create_once(self, namespace: str, child: dict[str, Any]) -> None:
+        if child["kind"] == "Secret":  # the Ray token is made here, at the edge, and never read back
+            child = with_new_token(child)
+        try:
+            self.kube.create(names.object_path(child["kind"], namespace), child)
+        except ApiError as error:
+            if error.status != 409:  # AlreadyExists: made by an earlier pass, kept as it is
+                raise
 
     def post_events(self, rljob: dict[str, Any], events: Sequence[Event]) -> None:
         owner = Owner.of(rljob)

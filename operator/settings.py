@@ -5,6 +5,9 @@
   safety net: RayJob changes, edits and the decisions' own timing (backoff, deadline, TTL) trigger passes.
 - KUBERL_RECONCILE_WORKERS (16): reconcile passes that run at once (threads).
 - KUBERL_HEAD_CPU / KUBERL_HEAD_MEMORY (1 / 4Gi): the Ray head pod (it runs the controller, no GPU).
+- KUBERL_RAY_VERSION (2.60.0): the runtime image's Ray version, the RayCluster's rayVersion.
+- KUBERL_KUBERAY_OPERATOR_LABELS (app.kubernetes.io/name=kuberay-operator) / KUBERL_KUBERAY_NAMESPACE (any):
+  KubeRay's operator pods, which each job's NetworkPolicy lets reach the Ray dashboard.
 - KUBERL_WEBHOOK_ADDR (0.0.0.0): the address the webhook listens on (with --webhook-port).
 - KUBERL_WEBHOOK_CERT / KUBERL_WEBHOOK_KEY (required with --webhook-port): the webhook's serving
   certificate and key (PEM files). The ValidatingWebhookConfiguration is the Helm chart's, not the operator's.
@@ -12,9 +15,26 @@
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kuberl import __version__
+from kuberl.operator.access import KubeRayPeer
+from kuberl.operator.builders import DEFAULT_RAY_VERSION
+
+DEFAULT_KUBERAY_LABELS = "app.kubernetes.io/name=kuberay-operator"
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """`a=b,c=d` -> {"a": "b", "c": "d"}; a clear error for anything else."""
+    labels = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise ValueError(
+                f"KUBERL_KUBERAY_OPERATOR_LABELS: {pair!r} is not key=value (e.g. {DEFAULT_KUBERAY_LABELS})"
+            )
+        labels[key] = value
+    return labels
 
 
 def default_runtime_image(version: str = __version__) -> str:
@@ -28,8 +48,10 @@ class OperatorSettings:
     workers: int = 16
     head_cpu: str = "1"
     head_memory: str = "4Gi"
-    #: ServiceAccount of the Ray pods (the runtime patches its RLJob's status as it); None: the namespace's default
-    runtime_service_account: str | None = None
+    #: The Ray version of the runtime image, told to KubeRay (rayVersion; its token authentication needs 2.52+)
+    ray_version: str = DEFAULT_RAY_VERSION
+    #: Where KubeRay's operator runs, for each job's NetworkPolicy (its pods' labels; its namespace, None: any)
+    kuberay: KubeRayPeer = field(default_factory=KubeRayPeer)
     namespaces: tuple[str, ...] = ()
     metrics_port: int | None = None
     webhook_port: int | None = None
@@ -53,7 +75,11 @@ class OperatorSettings:
             workers=int(env.get("KUBERL_RECONCILE_WORKERS", "16")),
             head_cpu=env.get("KUBERL_HEAD_CPU", "1"),
             head_memory=env.get("KUBERL_HEAD_MEMORY", "4Gi"),
-            runtime_service_account=env.get("KUBERL_RUNTIME_SERVICE_ACCOUNT") or None,
+            ray_version=env.get("KUBERL_RAY_VERSION") or DEFAULT_RAY_VERSION,
+            kuberay=KubeRayPeer(
+                labels=parse_labels(env.get("KUBERL_KUBERAY_OPERATOR_LABELS") or DEFAULT_KUBERAY_LABELS),
+                namespace=env.get("KUBERL_KUBERAY_NAMESPACE") or None,
+            ),
             namespaces=tuple(namespaces or ()),
             metrics_port=metrics_port,
             webhook_port=webhook_port,

@@ -1,10 +1,12 @@
-"""The runtime's progress on the RLJob itself: status.progress, .metrics, .validation and .lastCheckpoint.
+"""The runtime's report of its progress, metrics, validation scores and last checkpoint, shown in the RLJob's status.
 
-Inside a Kubernetes pod (the operator sets KUBERL_JOB_NAME and KUBERL_JOB_NAMESPACE; the pod's
-service account token is mounted) the publisher PATCHes the RLJob's status subresource with
-server-side apply under the field manager `kuberl-runtime`, which owns only those fields:
-the operator's manager owns phase, conditions and restarts, and neither overwrites the other.
-Anywhere else (`kuberl run` on a laptop, tests) it is a no-op.
+Inside the head pod of a job (the operator sets KUBERL_JOB_NAME, KUBERL_JOB_NAMESPACE and
+KUBERL_STATUS_CONFIGMAP, and mounts the job's ServiceAccount token there only) the publisher writes a
+`RuntimeReport` as JSON into the job's ConfigMap `<job>-progress` (server-side apply, field manager
+`kuberl-runtime`). That ConfigMap is the one object the job's ServiceAccount may write: it cannot touch
+any RLJob, nor another job's report. The operator validates the report and copies it into
+status.progress, .metrics, .validation and .lastCheckpoint. Anywhere else (`kuberl run` on a laptop,
+tests) the publisher is a no-op.
 
 Standard library only (urllib + ssl): the runtime image does not carry the kubernetes client.
 Requests go out from a background thread, at most one every `min_interval` seconds with the
@@ -25,11 +27,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kuberl.api.status import CheckpointRef, Metrics, Progress, Validation
+from kuberl.api.status import REPORT_KEY, Metrics, RuntimeReport
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL, KIND = "kuberl.io", "v1alpha1", "rljobs", "RLJob"
 FIELD_MANAGER = "kuberl-runtime"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -58,38 +59,37 @@ def status_metrics(step_metrics: Mapping[str, float]) -> dict[str, Any]:
 
 
 def apply_patch(
-    name: str,
+    configmap: str,
     namespace: str,
     progress: Mapping[str, Any],
     metrics: Mapping[str, Any],
     last_checkpoint: Mapping[str, Any] | None,
     validation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The server-side-apply body: the RLJob's identity and only the status fields the runtime owns.
+    """The server-side-apply body: the report ConfigMap's identity and the report, as JSON under REPORT_KEY.
 
     The dicts may use camelCase (as in the CRD) or snake_case (as in api/status.py); they are
     validated by the api models, so a typo fails here and not as a silently dropped field.
     """
-    status: dict[str, Any] = {
-        "progress": Progress.model_validate(dict(progress)).to_manifest(),
-        "metrics": Metrics.model_validate(dict(metrics)).to_manifest(),
-    }
-    if last_checkpoint is not None:
-        status["lastCheckpoint"] = CheckpointRef.model_validate(dict(last_checkpoint)).to_manifest()
-    if validation is not None:
-        status["validation"] = Validation.model_validate(dict(validation)).to_manifest()
+    report = RuntimeReport.model_validate(
+        {
+            "progress": dict(progress),
+            "metrics": dict(metrics),
+            "last_checkpoint": last_checkpoint,
+            "validation": validation,
+        }
+    )
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "metadata": {"name": name, "namespace": namespace},
-        "status": status,
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": configmap, "namespace": namespace},
+        "data": {REPORT_KEY: json.dumps(report.to_manifest(), sort_keys=True)},
     }
 
 
-def status_url(base_url: str, name: str, namespace: str) -> str:
+def report_url(base_url: str, configmap: str, namespace: str) -> str:
     query = urllib.parse.urlencode({"fieldManager": FIELD_MANAGER, "force": "true"})
-    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
-    return f"{base_url.rstrip('/')}{path}?{query}"
+    return f"{base_url.rstrip('/')}/api/v1/namespaces/{namespace}/configmaps/{configmap}?{query}"
 
 
 class StatusPublisher:
@@ -111,20 +111,21 @@ class StatusPublisher:
     def from_environment(
         env: Mapping[str, str] | None = None, service_account_dir: Path = SERVICE_ACCOUNT_DIR
     ) -> "StatusPublisher":
-        """A KubernetesStatusPublisher inside an operator-started pod, else the no-op publisher."""
+        """A KubernetesStatusPublisher in the head pod of an operator-started job, else the no-op publisher."""
         env = os.environ if env is None else env
         name, namespace = env.get("KUBERL_JOB_NAME"), env.get("KUBERL_JOB_NAMESPACE")
+        configmap = env.get("KUBERL_STATUS_CONFIGMAP")
         host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
         token, authority = service_account_dir / "token", service_account_dir / "ca.crt"
-        if not (name and namespace and host and token.is_file() and authority.is_file()):
+        if not (name and namespace and configmap and host and token.is_file() and authority.is_file()):
             return StatusPublisher()
         host = f"[{host}]" if ":" in host else host  # IPv6 service address
         context = ssl.create_default_context(cafile=str(authority))
-        return KubernetesStatusPublisher(name, namespace, f"https://{host}:{port}", token, context)
+        return KubernetesStatusPublisher(name, namespace, f"https://{host}:{port}", token, context, configmap=configmap)
 
 
 class KubernetesStatusPublisher(StatusPublisher):
-    """Applies status.progress/metrics/lastCheckpoint of one RLJob from a background thread."""
+    """Applies one job's report to its ConfigMap (`configmap`, default `<name>-progress`) from a background thread."""
 
     def __init__(
         self,
@@ -133,12 +134,14 @@ class KubernetesStatusPublisher(StatusPublisher):
         base_url: str,
         token_file: Path | None,
         ssl_context: ssl.SSLContext | None,
+        configmap: str | None = None,
         min_interval: float = 5.0,
         log_interval: float = 60.0,
         request_timeout: float = 10.0,
     ) -> None:
         self.name, self.namespace = name, namespace
-        self.url = status_url(base_url, name, namespace)
+        self.configmap = configmap or f"{name}-progress"
+        self.url = report_url(base_url, self.configmap, namespace)
         self.token_file = token_file
         self.ssl_context = ssl_context
         self.min_interval, self.log_interval, self.request_timeout = min_interval, log_interval, request_timeout
@@ -162,7 +165,7 @@ class KubernetesStatusPublisher(StatusPublisher):
         # the latest scores go with every apply: a field the manager stops sending is removed
         self._validation = validation if validation is not None else self._validation
         try:
-            body = apply_patch(self.name, self.namespace, progress, metrics, last_checkpoint, self._validation)
+            body = apply_patch(self.configmap, self.namespace, progress, metrics, last_checkpoint, self._validation)
         except ValueError as error:  # a caller's bug, reported like a failed request: training goes on
             self._report_failure(f"invalid status values: {error}")
             return

@@ -30,14 +30,33 @@ checks `create` as well as `patch`: hence create+patch on what the operator appl
   resources: ["rljobs/status"]
   verbs: ["patch"]
 # The job's RayJobs: listed by label, applied (server-side apply creates), deleted on restart and suspend.
-# KubeRay, not kuberl, creates the pods; kuberl never touches pods, services or secrets.
+# KubeRay, not kuberl, creates the pods; kuberl never touches pods or services.
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["list", "create", "patch", "delete"]
-# The job's spec ConfigMap `<rljob>-spec`, mounted in every Ray pod (server-side apply creates).
+# The job's ConfigMaps: `<rljob>-spec`, mounted in every Ray pod, and `<rljob>-progress`, where the runtime
+# reports (server-side apply creates). list/watch: the reports, selected by label kuberl.io/component=progress.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Each job's own identity, ServiceAccount + Role + RoleBinding `<rljob>-runtime`: the Role lets it patch its
+# `<rljob>-progress` ConfigMap and nothing else. Created once, never changed. The API server lets the operator
+# grant only what it holds itself (RBAC escalation prevention); it has neither `bind` nor `escalate`.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["create"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create"]
+# Each job's Ray token `<rljob>-ray-token`, a fresh random one, created once. Create only: the operator
+# can read, list or change no Secret, its own included.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+# Each job's NetworkPolicy `<rljob>-ray`: only the job's pods and KubeRay's operator reach its Ray pods.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "patch"]
 {{- end }}
 {{- define "kuberl.clusterRules" -}}
 # ---- framework (kopf), cluster-scoped ----

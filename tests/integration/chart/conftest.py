@@ -2,10 +2,11 @@
 
 `installation` (module-scoped, once per `rbac.scope`) does what `helm install` does: the chart's CRDs
 from crds/, then every object Helm renders from the templates (helm-python-sdk: Helm's own engine),
-applied with the kubernetes client as the cluster admin. It then asks the API server for real
-ServiceAccount tokens (TokenRequest, what the kubelet mounts into a pod) for the operator and the
-runtime, and runs the operator in-process (as tests/integration/operator/conftest.py does) with the
-rendered Deployment's command line and environment, authenticated with the operator's token alone,
+applied with the kubernetes client as the cluster admin. It then asks the API server for a real
+ServiceAccount token (TokenRequest, what the kubelet mounts into a pod) for the operator (the tests
+ask for each job's own runtime token the same way), and runs the operator in-process (as
+tests/integration/operator/conftest.py does) with the rendered Deployment's command line and
+environment, authenticated with the operator's token alone,
 serving the webhook with the certificate from the chart's Secret (written to files, as the kubelet
 mounts it). The API server reaches the webhook through the chart's own ValidatingWebhookConfiguration
 and Service: an Endpoints object (the endpoints controller's job, which does not run here) points the
@@ -54,8 +55,7 @@ class Installation:
     webhook_configuration: str
     service_account: str
     operator_token: str
-    runtime_token: str
-    runtime_token_file: Path
+    folder: Path
     running: "RunningOperator"
     logs: list[logging.LogRecord] = field(default_factory=list)
 
@@ -279,12 +279,10 @@ def installation(
         route_service_here(control_plane, one(objects, "Service", f"{RELEASE}-webhook"), address, settings.webhook_port)
         service_account = one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
         operator_token = service_account_token(control_plane, release_namespace, service_account)
-        runtime_token = service_account_token(control_plane, jobs_namespace, "kuberl-runtime")
         kubeconfig = folder / "kubeconfig"
         kubeconfig.write_text(
             yaml.safe_dump(kubeconfig_for(control_plane.server, operator_token, control_plane.ca_file))
         )
-        (folder / "runtime-token").write_text(runtime_token)
         for name in ("kopf", "kuberl"):
             logging.getLogger(name).addHandler(handler)
         running = RunningOperator(settings, kubeconfig, f"chart-operator-{scope}")
@@ -300,8 +298,7 @@ def installation(
                 webhook_configuration=webhook,
                 service_account=service_account,
                 operator_token=operator_token,
-                runtime_token=runtime_token,
-                runtime_token_file=folder / "runtime-token",
+                folder=folder,
                 running=running,
                 logs=logs,
             )

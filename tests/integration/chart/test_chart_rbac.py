@@ -12,12 +12,13 @@ import ssl
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from kuberl.runtime.status_publisher import KubernetesStatusPublisher
-from tests.integration.chart.conftest import Installation, create_namespace, webhook_answers
+from tests.integration.chart.conftest import Installation, create_namespace, service_account_token, webhook_answers
 from tests.integration.envtest import ControlPlane, wait_until
 
 pytestmark = pytest.mark.integration
@@ -117,6 +118,10 @@ def allowed(cp: ControlPlane, token: str, namespace: str | None, verb: str, reso
     return bool(answer["status"]["allowed"])
 
 
+def configmap_path(namespace: str, name: str = "") -> str:
+    return f"/api/v1/namespaces/{namespace}/configmaps" + (f"/{name}" if name else "")
+
+
 def rljob_path(namespace: str, name: str = "") -> str:
     return f"/apis/kuberl.io/v1alpha1/namespaces/{namespace}/rljobs" + (f"/{name}" if name else "")
 
@@ -171,7 +176,9 @@ def live_a_whole_life(cp: ControlPlane, ns: str, name: str) -> None:
     assert first["metadata"]["ownerReferences"][0]["name"] == name
     cluster = first["spec"]["rayClusterSpec"]
     pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
-    assert {pod.get("serviceAccountName") for pod in pods} == {"kuberl-runtime"}  # the chart's runtime account
+    assert {pod.get("serviceAccountName") for pod in pods} == {f"{name}-runtime"}  # the job's own account
+    policy = cp.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}-ray")
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"kuberl.io/job": name}}  # accepted by the API server
     configmap = cp.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-spec")
     assert "tiny://demo" in configmap["data"]["rljob.yaml"]
     assert status_of(cp, ns, name)["rayJobName"] == f"{name}-0"
@@ -312,7 +319,9 @@ def test_operator_is_refused_what_it_does_not_need(
 
 def test_operator_may_not_write_rbac_or_webhooks_of_others(control_plane: ControlPlane, installation: Installation):
     token, ns = installation.operator_token, installation.jobs_namespace
-    assert not allowed(control_plane, token, ns, "create", "rolebindings", "rbac.authorization.k8s.io")
+    for verb in ("patch", "update", "delete", "bind", "escalate"):  # it may only create, within what it holds
+        assert not allowed(control_plane, token, ns, verb, "rolebindings", "rbac.authorization.k8s.io")
+        assert not allowed(control_plane, token, ns, verb, "roles", "rbac.authorization.k8s.io")
     assert not allowed(control_plane, token, None, "create", "clusterrolebindings", "rbac.authorization.k8s.io")
     other = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration"}
     path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/someone-else.example.com"
@@ -328,33 +337,106 @@ def test_namespace_scope_operator_sees_no_other_namespace(control_plane: Control
     assert allowed(control_plane, token, installation.jobs_namespace, "patch", "configmaps")
 
 
-def test_runtime_publishes_progress_with_its_service_account(control_plane: ControlPlane, installation: Installation):
+@pytest.fixture
+def cleanups(control_plane: ControlPlane) -> Iterator[list[str]]:
+    """Paths of cluster-scoped objects a test made, deleted after it."""
+    paths: list[str] = []
+    yield paths
+    for path in paths:
+        control_plane.request("DELETE", path)
+
+
+def job_token(cp: ControlPlane, installation: Installation, name: str) -> str:
+    """The token the kubelet would mount into the head pod of job `name` (its own account, made by the operator)."""
+    ns = installation.jobs_namespace
+    account = f"/api/v1/namespaces/{ns}/serviceaccounts/{name}-runtime"
+    wait_until(lambda: get_or_none(cp, account), timeout=30, what=f"the ServiceAccount {name}-runtime")
+    return service_account_token(cp, ns, f"{name}-runtime")
+
+
+def test_the_runtime_publishes_progress_with_its_jobs_token_and_the_operator_shows_it(
+    control_plane: ControlPlane, installation: Installation
+):
     ns = installation.jobs_namespace
     create_rljob(control_plane, ns, "publishing")
-    wait_until(lambda: status_of(control_plane, ns, "publishing").get("phase"), timeout=30, what="a phase")
+    token_file = installation.folder / "publishing-token"
+    token_file.write_text(job_token(control_plane, installation, "publishing"))
     publisher = KubernetesStatusPublisher(
         "publishing",
         ns,
         control_plane.server,
-        installation.runtime_token_file,
+        token_file,
         ssl.create_default_context(cafile=str(control_plane.ca_file)),
+        configmap="publishing-progress",
         min_interval=0.0,
     )
-    publisher.publish({"step": 5, "totalSteps": 60}, {"rewardMean": 0.25}, None)
+    last = {"step": 5, "uri": "s3://bucket/publishing/step-5", "time": "2026-01-01T00:00:00Z"}
+    publisher.publish({"step": 5, "totalSteps": 60}, {"rewardMean": 0.25}, last)
     publisher.close(timeout=10)
-    status = status_of(control_plane, ns, "publishing")
-    assert status["progress"]["step"] == 5
-    assert status["metrics"]["rewardMean"] == 0.25
-    assert status["phase"]  # the operator's fields are untouched
+    status = wait_until(
+        lambda: (s := status_of(control_plane, ns, "publishing")).get("progress") and s,
+        timeout=30,
+        what="the report in the RLJob's status",
+    )
+    assert status["progress"] == {"step": 5, "totalSteps": 60, "epoch": 0}
+    assert status["metrics"] == {"rewardMean": 0.25}
+    assert status["lastCheckpoint"] == last
+    assert status["phase"] == "Starting"  # the operator's own
 
 
-def test_runtime_can_neither_read_nor_change_a_spec(control_plane: ControlPlane, installation: Installation):
-    token, ns = installation.runtime_token, installation.jobs_namespace
-    create_rljob(control_plane, ns, "guarded")
-    assert refused_status(control_plane, token, "GET", rljob_path(ns, "guarded")) == 403
-    assert not allowed(control_plane, token, ns, "patch", "rljobs", "kuberl.io")
-    assert not allowed(control_plane, token, ns, "get", "secrets")
-    assert not allowed(control_plane, token, ns, "create", "pods")
+def test_a_jobs_token_may_write_its_own_report_and_nothing_else(
+    control_plane: ControlPlane, installation: Installation
+):
+    """User code in a job's pods holds at most this token: it cannot reach a neighbour, nor any RLJob."""
+    cp, ns = control_plane, installation.jobs_namespace
+    for name in ("mine", "neighbour"):
+        create_rljob(cp, ns, name)
+        wait_until(lambda name=name: get_or_none(cp, configmap_path(ns, f"{name}-progress")), timeout=30, what="report")
+    token = job_token(cp, installation, "mine")
+    report = {"data": {"report.json": '{"progress": {"step": 1}}'}}
+    call(cp, token, "PATCH", configmap_path(ns, "mine-progress"), report, MERGE_PATCH)  # its own: allowed
+    refused = {
+        "a neighbour's report": ("PATCH", configmap_path(ns, "neighbour-progress"), report),
+        "its own RLJob's status": ("PATCH", rljob_path(ns, "mine") + "/status", {"status": {"phase": "Succeeded"}}),
+        "a neighbour's status": ("PATCH", rljob_path(ns, "neighbour") + "/status", {"status": {"phase": "Failed"}}),
+        "any RLJob": ("GET", rljob_path(ns, "mine"), None),
+        "the Ray token": ("GET", f"/api/v1/namespaces/{ns}/secrets/mine-ray-token", None),
+        "a new report": ("POST", configmap_path(ns), {"metadata": {"name": "mine-progress-2"}}),
+    }
+    answers = {what: refused_status(cp, token, m, path, body, MERGE_PATCH) for what, (m, path, body) in refused.items()}
+    assert answers == dict.fromkeys(refused, 403)
+    assert not allowed(cp, token, ns, "create", "pods")
+    assert not allowed(cp, token, ns, "delete", "configmaps")
+
+
+def test_the_operator_cannot_grant_more_than_it_holds_through_the_roles_it_creates(
+    control_plane: ControlPlane, installation: Installation, cleanups: list[str]
+):
+    token, ns = installation.operator_token, installation.jobs_namespace
+    reader = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "secret-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list"]}],
+    }
+    roles = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
+    assert refused_status(control_plane, token, "POST", f"{roles}/roles", reader) == 403
+    cluster_reader = {**reader, "kind": "ClusterRole", "metadata": {"name": f"{ns}-secret-reader"}}
+    try:  # an existing role that holds more than the operator (edit's rules come from aggregation, not run here)
+        control_plane.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", cluster_reader)
+    except urllib.error.HTTPError as error:
+        assert error.code == 409  # the other scope's run made it
+    cleanups.append(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{ns}-secret-reader")
+    for cluster_role in (f"{ns}-secret-reader", "cluster-admin"):
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"to-{cluster_role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
+        }
+        assert refused_status(control_plane, token, "POST", f"{roles}/rolebindings", binding) == 403
+    assert refused_status(control_plane, token, "GET", f"/api/v1/namespaces/{ns}/secrets/anything") == 403
 
 
 def test_rljobs_carry_no_finalizer(control_plane: ControlPlane, installation: Installation):

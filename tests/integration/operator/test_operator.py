@@ -62,12 +62,15 @@ def test_an_rljob_gets_an_owned_rayjob_and_configmap_with_a_worker_group_per_rol
 def test_printer_columns_show_phase_progress_reward_and_restarts(cluster: Cluster, control_plane: ControlPlane):
     cluster.create("columns", tiny_spec())
     cluster.wait_status("columns", phase="Starting")
-    cluster.kube.call(  # the runtime's own write (a different field manager)
+    wait_for(lambda: cluster.kube.get(names.configmap_path(cluster.ns, "columns-progress")), what="the report's home")
+    report = {"progress": {"step": 12, "totalSteps": 60}, "metrics": {"rewardMean": 0.75}}
+    cluster.kube.call(  # what the runtime publishes, into its report ConfigMap; the operator copies it
         "PATCH",
-        names.rljob_path(cluster.ns, "columns") + "/status",
-        body={"status": {"progress": {"step": 12, "totalSteps": 60}, "metrics": {"rewardMean": 0.75}}},
+        names.configmap_path(cluster.ns, "columns-progress"),
+        body={"data": {"report.json": json.dumps(report)}},
         content_type="application/merge-patch+json",
     )
+    wait_for(lambda: cluster.status("columns").get("progress"), what="the report in the status")
     table = control_plane.request("GET", names.rljob_path(cluster.ns, "columns"), accept=TABLE)
     columns = [column["name"] for column in table["columnDefinitions"]]
     row = dict(zip(columns, table["rows"][0]["cells"], strict=True))

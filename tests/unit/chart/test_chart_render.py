@@ -12,6 +12,7 @@ import yaml
 from cryptography import x509
 
 from kuberl.cli import build_parser
+from kuberl.operator.access import KubeRayPeer
 from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.webhook import WEBHOOK_ID
 from tests.unit.chart.rendering import (
@@ -92,15 +93,22 @@ def test_no_rbac_rule_uses_a_wildcard(values: dict[str, Any]):
 
 
 @SCOPES
-def test_operator_can_never_touch_pods_or_secrets(values: dict[str, Any]):
-    granted = {resource for _, rule in rbac_rules(render(values)) for resource in rule["resources"]}
-    assert granted.isdisjoint({"pods", "secrets", "services", "serviceaccounts", "roles", "rolebindings"})
+def test_operator_never_touches_pods_and_may_only_create_secrets_and_rbac(values: dict[str, Any]):
+    verbs: dict[str, set[str]] = {}
+    for _, rule in rbac_rules(render(values)):
+        for resource in rule["resources"]:
+            verbs.setdefault(resource, set()).update(rule["verbs"])
+    assert verbs.keys().isdisjoint({"pods", "services", "clusterroles", "clusterrolebindings"})
+    # one per job, made once: a Ray token, and the job's own account, role and binding
+    for resource in ("secrets", "serviceaccounts", "roles", "rolebindings"):
+        assert verbs[resource] == {"create"}, resource
+    assert not any({"bind", "escalate", "impersonate"} & granted for granted in verbs.values())
 
 
 def test_cluster_scope_grants_one_cluster_role_and_watches_everywhere():
     objects = render(CLUSTER)
     assert of_kind(objects, "Role") == []
-    assert {binding["roleRef"]["kind"] for binding in of_kind(objects, "RoleBinding")} == {"ClusterRole"}  # runtime
+    assert of_kind(objects, "RoleBinding") == []  # each job's own is made by the operator
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == "kuberl-kuberl-system"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl", "namespace": RELEASE_NAMESPACE}]
@@ -199,14 +207,13 @@ def test_cert_manager_issues_the_certificate_and_injects_its_ca():
     assert of_kind(objects, "Issuer") == []
 
 
-@SCOPES
-def test_runtime_may_patch_rljob_status_and_nothing_else(values: dict[str, Any]):
-    objects = render(values)
-    role = one(objects, "ClusterRole", "kuberl-kuberl-system-runtime")
-    assert role["rules"] == [{"apiGroups": ["kuberl.io"], "resources": ["rljobs/status"], "verbs": ["patch"]}]
-    expected = ["team-a", "team-b"] if values else [RELEASE_NAMESPACE]
-    accounts = [sa for sa in of_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "kuberl-runtime"]
-    assert sorted(sa["metadata"]["namespace"] for sa in accounts) == expected
+def test_kuberays_operator_pods_are_told_to_the_operator_for_the_network_policies():
+    env = container_env(operator_container(render(CLUSTER)))
+    assert OperatorSettings.from_env(env).kuberay == KubeRayPeer()  # labels of KubeRay's chart, any namespace
+    labels = {"app.kubernetes.io/name": "my-kuberay", "team": "ml"}
+    env = container_env(operator_container(render({"kuberay": {"namespace": "ray-system", "operatorLabels": labels}})))
+    assert OperatorSettings.from_env(env).kuberay == KubeRayPeer(labels, "ray-system")
+    assert OperatorSettings.from_env(env).ray_version == "2.60.0"
 
 
 def test_namespace_editors_may_write_rljobs_but_not_their_status():

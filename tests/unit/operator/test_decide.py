@@ -5,6 +5,7 @@ the first restart waits 10 s and the second 2 * 10 = 20 s.
 """
 
 import copy
+import json
 import shlex
 
 import yaml
@@ -52,7 +53,16 @@ def test_the_first_pass_names_the_rayjob_in_status_and_creates_it_with_its_confi
     assert world.status["rayJobName"] == "tiny-grpo-0"
     assert world.status["phase"] == "Starting"
     assert world.status["startTime"] == "2025-01-01T12:00:00Z"
-    assert [child["kind"] for child in decision.apply] == ["ConfigMap", "RayJob"]
+    assert [child["kind"] for child in decision.apply] == [
+        "ServiceAccount",  # the job's own identity, Ray token and NetworkPolicy (access.py) come first,
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "NetworkPolicy",
+        "ConfigMap",  # then the runtime's report and the spec the RayJob mounts
+        "ConfigMap",
+        "RayJob",
+    ]
     assert rayjob_names(world) == ["tiny-grpo-0"]
 
 
@@ -104,7 +114,7 @@ def test_a_crash_after_naming_the_rayjob_creates_exactly_that_rayjob_next_pass(w
     world.step(at(0), crash_after_status=True)
     assert world.rayjobs == {}
     decision = world.step(at(1))
-    assert [child["metadata"]["name"] for child in decision.apply] == ["tiny-grpo-spec", "tiny-grpo-0"]
+    assert [child["metadata"]["name"] for child in decision.apply][-2:] == ["tiny-grpo-spec", "tiny-grpo-0"]
     assert world.status["rayJobName"] == "tiny-grpo-0"
     assert rayjob_names(world) == ["tiny-grpo-0"]
 
@@ -436,3 +446,42 @@ def test_an_invalid_edit_of_a_running_job_is_refused_and_the_job_keeps_running(w
 def test_decide_reads_no_clock():
     observed = World(rljob=make_rljob()).observed()
     assert decide(observed, at(0), SETTINGS) == decide(observed, at(0), SETTINGS)
+
+
+# --- the runtime's report --------------------------------------------------------------------------
+
+
+def report(**fields: object) -> dict:
+    return {"metadata": {"name": "tiny-grpo-progress"}, "data": {"report.json": json.dumps(fields)}}
+
+
+def test_the_runtimes_report_becomes_progress_metrics_and_last_checkpoint(world: World):
+    running(world)
+    last = {"step": 20, "uri": "s3://ckpt/step-20", "time": "2025-01-01T12:10:00Z"}
+    world.progress = report(progress={"step": 20, "totalSteps": 60}, metrics={"rewardMean": 0.5}, lastCheckpoint=last)
+    decision = world.step(at(5))
+    assert decision.write_status and decision.events == ()
+    assert world.status["progress"] == {"step": 20, "totalSteps": 60, "epoch": 0}
+    assert world.status["metrics"] == {"rewardMean": 0.5}
+    assert world.status["lastCheckpoint"] == last
+
+
+def test_a_report_cannot_move_a_phase_a_condition_a_name_or_a_time(world: World):
+    running(world)
+    before = copy.deepcopy(world.status)
+    world.progress = report(
+        progress={"step": 3},
+        phase="Failed",
+        rayJobName="victim-7",
+        completionTime="2000-01-01T00:00:00Z",
+        conditions=[{"type": "Failed", "status": "True"}],
+    )
+    world.step(at(5))  # a report with fields the model does not know is refused as a whole
+    assert world.status == before
+    world.progress = report(progress={"step": -4})
+    world.step(at(6))  # and so is one out of range
+    assert world.status == before
+    world.progress = report(progress={"step": 4})
+    world.step(at(7))
+    assert {key: value for key, value in world.status.items() if key not in ("progress", "metrics")} == before
+    assert world.status["progress"]["step"] == 4

@@ -34,7 +34,10 @@ class FakeKube:
         self.calls: list[tuple[str, str]] = []
         self.conflicts = conflicts
         self.refusals: dict[str, ApiError] = {}
-        self.created: list[dict[str, Any]] = []  # path -> what the API server answers to an apply there
+        self.created: list[dict[str, Any]] = []
+        self.exists: set[str] = (
+            set()
+        )  # collections where a create answers AlreadyExists  # path -> what the API server answers to an apply there
 
     def get(self, path: str) -> dict[str, Any] | None:
         self.calls.append(("GET", path))
@@ -64,6 +67,8 @@ class FakeKube:
 
     def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("CREATE", path))
+        if path in self.exists:
+            raise ApiError(409, "Conflict", '{"reason": "AlreadyExists"}')
         self.created.append(body)
         return body
 
@@ -81,9 +86,32 @@ def test_the_status_naming_the_rayjob_is_written_before_anything_is_created():
     reconciler(kube).run_pass("team-a", "tiny-grpo")
     assert writes(kube) == [
         ("APPLY", JOB + "/status"),
+        ("CREATE", names.object_path("ServiceAccount", "team-a")),
+        ("CREATE", names.object_path("Role", "team-a")),
+        ("CREATE", names.object_path("RoleBinding", "team-a")),
+        ("CREATE", names.object_path("Secret", "team-a")),
+        ("APPLY", names.object_path("NetworkPolicy", "team-a", "tiny-grpo-ray")),
+        ("APPLY", names.configmap_path("team-a", "tiny-grpo-progress")),
         ("APPLY", names.configmap_path("team-a", "tiny-grpo-spec")),
         ("APPLY", names.rayjob_path("team-a", "tiny-grpo-0")),
     ]
+
+
+def test_the_ray_token_is_made_when_the_secret_is_created_fresh_each_time():
+    tokens = []
+    for _ in range(2):
+        kube = FakeKube()
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+        (secret,) = [body for body in kube.created if body["kind"] == "Secret"]
+        tokens.append(secret["stringData"]["auth_token"])
+    assert tokens[0] != tokens[1] and min(len(token) for token in tokens) >= 43  # 32 random bytes, base64
+
+
+def test_objects_made_once_are_left_alone_when_they_exist():
+    kube = FakeKube()
+    kube.exists = {names.object_path("Secret", "team-a")}  # a Secret of this name: AlreadyExists
+    reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert names.rayjob_path("team-a", "tiny-grpo-0") in kube.objects  # the pass went on
 
 
 def test_a_write_conflict_reruns_the_pass_on_fresh_data():
@@ -232,10 +260,11 @@ def test_a_refused_rayjob_leaves_created_false_with_the_api_servers_message_and_
         "the API server refused RayJob tiny-grpo-0: "
         'rayjobs.ray.io "tiny-grpo-0" is forbidden: exceeded quota: gpus, requested: 8, limited: 4'
     )
-    assert [(e["type"], e["reason"]) for e in kube.created] == [("Warning", "ApplyFailed")]
+    events = [e for e in kube.created if e["kind"] == "Event"]
+    assert [(e["type"], e["reason"]) for e in events] == [("Warning", "ApplyFailed")]
     with pytest.raises(ApplyFailed):  # refused again: the condition stands, no second event
         reconciler(kube).run_pass("team-a", "tiny-grpo")
-    assert len(kube.created) == 1
+    assert len([e for e in kube.created if e["kind"] == "Event"]) == 1
 
 
 def test_an_unreachable_or_failing_api_server_is_transient_and_writes_no_condition():
