@@ -170,6 +170,7 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SPEC_CHANGE_REFUSED = "SpecChangeRefused"
+    UNKNOWN_FIELDS = "UnknownFields"
 
 
 class ConditionStatus(StrEnum):
@@ -194,3 +195,5 @@ class ConditionReason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     APPLY_FAILED = "ApplyFailed"
     KUBERAY_MISSING = "KubeRayMissing"
+    FIELDS_PRUNED = "FieldsPruned"
+    NO_FIELDS_PRUNED = "NoFieldsPruned"

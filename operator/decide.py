@@ -25,7 +25,8 @@ named in status before it is created (the status is applied first), and
 the name comes from the name stored in status, so a pass that dies half-way is finished by the
 next one and never duplicates a RayJob. A spec change (compared with the spec in the ConfigMap,
 i.e. the one the RayJob runs) restarts the job from its checkpoint when safe (`specdiff`) and is
-refused with SpecChangeRefused when not; the refused spec never reaches the ConfigMap.
+refused with SpecChangeRefused when not; the refused spec never reaches the ConfigMap. Fields the API
+server dropped from the applied manifest (typos) are reported as UnknownFields=True (pruned.py).
 """
 
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,7 @@ from kuberl.api.spec import RunPolicy
 from kuberl.operator import names
 from kuberl.operator.access import build_access, build_progress_configmap
 from kuberl.operator.builders import Owner, build_configmap, build_rayjob, configmap_spec, spec_manifest
+from kuberl.operator.pruned import pruned_fields
 from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.specdiff import runtime_spec_changed, unsafe_changes
 from kuberl.operator.status import (
@@ -69,6 +71,7 @@ WARNINGS = {
     (ConditionType.SPEC_CHANGE_REFUSED.value, "True"),
     (ConditionType.RESTARTING.value, "True"),
     (ConditionType.CREATED.value, "False"),
+    (ConditionType.UNKNOWN_FIELDS.value, "True"),
 }
 
 
@@ -442,6 +445,20 @@ def apply_failed(status: OperatorStatus, kind: str, name: str, message: str, now
     return status.with_condition(ConditionType.CREATED, False, ConditionReason.APPLY_FAILED, detail, now)
 
 
+def _unknown_fields(p: _Pass, rljob: dict[str, Any]) -> None:
+    """UnknownFields=True naming what the API server dropped from the applied manifest; False once it is fixed."""
+    dropped = pruned_fields(rljob)
+    if dropped:
+        message = (
+            f"the API server dropped {', '.join(dropped)} from the applied manifest: not fields of an RLJob, so "
+            "the job runs without them (defaults instead). Fix the manifest; `kuberl validate` names each one"
+        )
+        p.condition(ConditionType.UNKNOWN_FIELDS, True, ConditionReason.FIELDS_PRUNED, message)
+    elif is_true(p.status.conditions, ConditionType.UNKNOWN_FIELDS):
+        message = "the applied manifest has no field the API server dropped"
+        p.condition(ConditionType.UNKNOWN_FIELDS, False, ConditionReason.NO_FIELDS_PRUNED, message)
+
+
 def transition_events(before: OperatorStatus, after: OperatorStatus) -> list[Event]:
     events = []
     for condition in flipped(before.conditions, after.conditions):
@@ -460,6 +477,7 @@ def decide(observed: Observed, now: datetime, settings: OperatorSettings) -> Dec
         if step(p):
             break
     _spec_refusal(p)
+    _unknown_fields(p, observed.rljob)
     ttl = p.policy.ttl_seconds_after_finished
     if p.terminal and p.before.phase not in TERMINAL_PHASES and ttl is not None:
         # the pass that finishes the job schedules the TTL's own pass: the status write it makes is

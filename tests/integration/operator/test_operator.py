@@ -17,7 +17,14 @@ import yaml
 from kuberl.operator import names
 from kuberl.operator.kube import ApiError
 from tests.integration.envtest import ControlPlane
-from tests.integration.operator.conftest import RUNTIME_IMAGE, Cluster, RunningOperator, tiny_spec, wait_for
+from tests.integration.operator.conftest import (
+    RUNTIME_IMAGE,
+    Cluster,
+    RunningOperator,
+    rljob_manifest,
+    tiny_spec,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -283,3 +290,19 @@ def test_a_refused_rayjob_shows_the_api_servers_message_and_is_retried_until_it_
     status = cluster.wait_status("squeezed", phase="Starting")
     created = next(c for c in status["conditions"] if c["type"] == "Created")
     assert (created["status"], created["reason"]) == ("True", "RayJobCreated")
+
+
+def test_a_typo_the_api_server_dropped_is_reported_as_unknown_fields(cluster: Cluster):
+    """What `kubectl apply` sends (the manifest, and itself in the last-applied annotation); the server prunes."""
+    manifest = rljob_manifest("typo", cluster.ns, tiny_spec(algorithm={"groupsize": 4}))
+    manifest["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(manifest)}
+    cluster.kube.create(names.rljob_path(cluster.ns), manifest)
+    assert "groupsize" not in (cluster.rljob("typo") or {})["spec"]["algorithm"]  # pruned, silently
+
+    def unknown_fields() -> dict[str, Any] | None:
+        return next((c for c in cluster.status("typo").get("conditions", []) if c["type"] == "UnknownFields"), None)
+
+    condition = wait_for(unknown_fields, what="the UnknownFields condition")
+    assert condition["status"] == "True" and "spec.algorithm.groupsize" in condition["message"]
+    warned = wait_for(lambda: [e["type"] for e in cluster.events("typo") if e["reason"] == "FieldsPruned"])
+    assert warned == ["Warning"]
