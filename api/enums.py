@@ -195,5 +195,6 @@ class ConditionReason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     APPLY_FAILED = "ApplyFailed"
     KUBERAY_MISSING = "KubeRayMissing"
+    NAME_TAKEN = "NameTaken"
     FIELDS_PRUNED = "FieldsPruned"
     NO_FIELDS_PRUNED = "NoFieldsPruned"

@@ -79,9 +79,15 @@ class RLJobStatus(KuberlModel):
     dashboard_url: str | None = Field(None, description="The Ray dashboard of the current cluster.")
     restarts: int = Field(0, ge=0, description="Times the job was restarted from a checkpoint.")
     start_time: datetime | None = Field(
-        None, description="When the job first started (active deadline counts from it)."
+        None, description="When the job first started (the active deadline counts from it, less suspendedSeconds)."
     )
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
+    suspended_seconds: int = Field(
+        0,
+        ge=0,
+        description="Seconds the job spent suspended (runPolicy.suspend), counted when it resumes; they do not "
+        "count towards runPolicy.activeDeadlineSeconds.",
+    )
     progress: Progress | None = Field(None, description="Training progress, as the runtime reported it.")
     metrics: Metrics | None = Field(None, description="Latest training metrics, as the runtime reported them.")
     validation: Validation | None = Field(None, description="Latest validation scores, as the runtime reported them.")

@@ -14,8 +14,9 @@
 - The NetworkPolicy `<job>-ray`: the job's pods accept connections only from the job's own pods and,
   on the dashboard port, from KubeRay's operator (which submits the job and polls its status there).
 
-Each is created once and never changed (`CREATE_ONLY`): the Role and its binding do not drift, and
-the Secret's token is never overwritten. All carry the job label and an owner reference, so deleting
+Each is created once and never changed (`CREATE_ONLY`): the Role and its binding do not drift, the
+Secret's token is never overwritten, and an object of the same name that someone else made is never
+taken over. All carry the job label and an owner reference, so deleting
 the RLJob garbage-collects them.
 """
 
@@ -30,8 +31,9 @@ from kuberl.operator.builders import Owner, child_metadata
 RAY_TOKEN_KEY = "auth_token"
 #: The Ray dashboard / Jobs API port, where KubeRay's operator submits the job and reads its status.
 DASHBOARD_PORT = 8265
-#: Kinds created with a plain create and left alone afterwards; the rest are server-side applied.
-CREATE_ONLY = frozenset({"ServiceAccount", "Role", "RoleBinding", "Secret"})
+#: Kinds created with a plain create and never changed afterwards (so an object of that name that is not the
+#: job's is never taken over either); the ConfigMaps are server-side applied once the operator knows them its own.
+CREATE_ONLY = frozenset({"ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy", "RayJob"})
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,14 @@ decides it.
 
 1. finished     Succeeded/Failed are final; only ttlSecondsAfterFinished acts (deletes the RLJob).
 2. invalid      no valid spec to run (the webhook was bypassed): Pending, Created=False/InvalidSpec.
-3. deadline     activeDeadlineSeconds passed since startTime: Failed/DeadlineExceeded, RayJobs deleted.
+3. deadline     activeDeadlineSeconds passed since startTime, suspended time not counted: Failed/DeadlineExceeded.
 4. suspend      runPolicy.suspend: every RayJob deleted (checkpoints stay), Suspended.
 5. no KubeRay   the API server does not serve RayJobs: Created=False/KubeRayMissing, looked at again later.
-6. resume       suspend turned off: a new RayJob that resumes from the latest checkpoint.
-7. first start  no RayJob named yet: `<rljob>-0`.
-8. missing      the RayJob named in status does not exist (a crash after naming it): create exactly it.
-9. follow       the RayJob's state decides: Starting, Running, Succeeded, or Failed -> backoff ->
+6. name taken   a ConfigMap of the job's names is not the job's: Created=False/NameTaken; never adopted.
+7. resume       suspend turned off: a new RayJob that resumes from the latest checkpoint.
+8. first start  no RayJob named yet: `<rljob>-0`.
+9. missing      the RayJob named in status does not exist (a crash after naming it): create exactly it.
+10. follow      the RayJob's state decides: Starting, Running, Succeeded, or Failed -> backoff ->
                 a new RayJob `<rljob>-<n+1>` with --resume, until runPolicy.maxRestarts.
 
 Created=True is set only once the RayJob is seen to exist; a child the API server refuses turns it
@@ -59,6 +60,8 @@ from kuberl.operator.status import (
 MAX_BACKOFF_SECONDS = 86400
 #: How soon to look again while a deleted RLJob's old RayJob still blocks a name.
 FOREIGN_NAME_RETRY_SECONDS = 2.0
+#: How soon to look again while a ConfigMap of the job's name is someone else's.
+NAME_TAKEN_RETRY_SECONDS = 30.0
 #: How soon to look again while the API server does not know RayJobs.
 KUBERAY_RETRY_SECONDS = 30.0
 KUBERAY_MISSING = (
@@ -84,6 +87,12 @@ class Observed:
     configmap: dict[str, Any] | None = None
     kuberay_missing: bool = False  # the API server does not serve RayJobs (404 on the list)
     progress: dict[str, Any] | None = None  # the ConfigMap the runtime reports into (access.py)
+
+    def foreign_configmaps(self) -> list[str]:
+        """The job's ConfigMap names held by ConfigMaps that are not the job's (never read, applied or adopted)."""
+        uid = self.rljob["metadata"]["uid"]
+        found = (self.configmap, self.progress)
+        return [cm["metadata"]["name"] for cm in found if cm is not None and not owned_by(cm, uid)]
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,7 @@ class _Pass:
     foreign: set[str]  # names held by RayJobs of another owner (a deleted RLJob of the same name)
     has_configmap: bool
     has_progress: bool
+    foreign_configmaps: list[str]
     kuberay_missing: bool
     apply: list[dict[str, Any]] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
@@ -216,7 +226,18 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
     before = OperatorStatus.from_status(rljob.get("status"))
     desired_spec = rljob.get("spec") or {}
     desired, problems = _parse(owner.name, owner.namespace, desired_spec)
-    running_spec = configmap_spec(observed.configmap)
+    foreign_configmaps = observed.foreign_configmaps()
+    configmap = (
+        None
+        if observed.configmap is None or observed.configmap["metadata"]["name"] in foreign_configmaps
+        else observed.configmap
+    )
+    progress = (
+        None
+        if observed.progress is None or observed.progress["metadata"]["name"] in foreign_configmaps
+        else observed.progress
+    )
+    running_spec = configmap_spec(configmap)
     running, _ = _parse(owner.name, owner.namespace, running_spec)
 
     run_spec, run_job, refusal, safe_change = desired_spec, desired, None, False
@@ -235,7 +256,7 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
     current = next((rj for rj in mine if rj["metadata"]["name"] == before.ray_job_name), None)
     source = desired or running
     status = replace(before, observed_generation=meta.get("generation"))
-    report = read_report(observed.progress)
+    report = read_report(progress)
     if report is not None:
         status = status.with_report(report)
     return _Pass(
@@ -253,8 +274,9 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
         current=current,
         mine=mine,
         foreign={rj["metadata"]["name"] for rj in observed.rayjobs if not owned_by(rj, owner.uid)},
-        has_configmap=observed.configmap is not None,
-        has_progress=observed.progress is not None,
+        has_configmap=configmap is not None,
+        has_progress=progress is not None,
+        foreign_configmaps=foreign_configmaps,
         kuberay_missing=observed.kuberay_missing,
     )
 
@@ -286,11 +308,22 @@ def _invalid(p: _Pass) -> bool:
     return True
 
 
+def _suspended_seconds(p: _Pass) -> int:
+    """Time spent suspended: the resumed suspensions, plus the one ending now (Suspended=True since it began)."""
+    total = p.before.suspended_seconds
+    suspended = find_condition(p.before.conditions, ConditionType.SUSPENDED)
+    started = p.before.start_time is not None  # the deadline counts from the start: earlier pauses do not matter
+    if started and p.before.phase == Phase.SUSPENDED and suspended is not None and suspended.get("status") == "True":
+        since = parse_time(suspended.get("lastTransitionTime"))
+        total += max(0, int((p.now - since).total_seconds())) if since is not None else 0
+    return total
+
+
 def _deadline(p: _Pass) -> bool:
     limit, started = p.policy.active_deadline_seconds, parse_time(p.before.start_time)
     if limit is None or started is None or p.policy.suspend:
         return False
-    due = started + timedelta(seconds=limit)
+    due = started + timedelta(seconds=limit + _suspended_seconds(p))  # suspended time does not count
     if p.now < due:
         p.requeue.append((due - p.now).total_seconds())
         return False
@@ -322,6 +355,15 @@ def _kuberay_missing(p: _Pass) -> bool:
     return True
 
 
+def _name_taken(p: _Pass) -> bool:
+    if not p.foreign_configmaps:
+        return False
+    message = "; ".join(name_taken("ConfigMap", name) for name in p.foreign_configmaps)
+    p.condition(ConditionType.CREATED, False, ConditionReason.NAME_TAKEN, message)
+    p.requeue.append(NAME_TAKEN_RETRY_SECONDS)
+    return True
+
+
 def _resume(p: _Pass) -> bool:
     if p.before.phase != Phase.SUSPENDED:
         return False
@@ -330,6 +372,7 @@ def _resume(p: _Pass) -> bool:
     name = names.next_rayjob_name(p.owner.name, p.before.ray_job_name)
     message = f"runPolicy.suspend is false: RayJob {name} resumes from the latest checkpoint"
     if p.new_rayjob(count_restart=False, reason=ConditionReason.RESUMED_BY_USER, message=message):
+        p.status = replace(p.status, suspended_seconds=_suspended_seconds(p))
         p.condition(ConditionType.SUSPENDED, False, ConditionReason.RESUMED_BY_USER, message)
     return True
 
@@ -422,7 +465,18 @@ def _failed(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
     p.requeue.append((due - p.now).total_seconds())
 
 
-STEPS = (_finished, _invalid, _deadline, _suspend, _kuberay_missing, _resume, _first_start, _missing, _follow)
+STEPS = (
+    _finished,
+    _invalid,
+    _deadline,
+    _suspend,
+    _kuberay_missing,
+    _name_taken,
+    _resume,
+    _first_start,
+    _missing,
+    _follow,
+)
 
 
 def _spec_refusal(p: _Pass) -> None:
@@ -437,6 +491,13 @@ def _spec_refusal(p: _Pass) -> None:
             ConditionReason.SPEC_CHANGED,
             f"the job runs spec generation {p.generation}",
         )
+
+
+def name_taken(kind: str, name: str) -> str:
+    return (
+        f"a {kind} named {name} exists and does not belong to this RLJob (no owner reference to it); "
+        "the operator does not take it over: delete or rename it, or give the RLJob another name"
+    )
 
 
 def apply_failed(status: OperatorStatus, kind: str, name: str, message: str, now: datetime) -> OperatorStatus:

@@ -158,13 +158,15 @@ class Kube:
             raise
         return found
 
-    def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+    def list(self, path: str, label_selector: str, *, consistent: bool = False) -> list[dict[str, Any]]:
         """Objects matching the selector, served from the API server's watch cache (resourceVersion=0).
 
         A quorum read would fetch and decode every object of the kind in the namespace from etcd on
         each call; the cache may lag by milliseconds, which deterministic names and apply make harmless.
+        `consistent`: a quorum read after all, for the rare question the cache could answer wrongly.
         """
-        listing = self.call("GET", path, query=[("labelSelector", label_selector), ("resourceVersion", "0")])
+        query = [("labelSelector", label_selector)] + ([] if consistent else [("resourceVersion", "0")])
+        listing = self.call("GET", path, query=query)
         items: list[dict[str, Any]] = listing.get("items") or []
         return items
 

@@ -43,6 +43,8 @@ from kuberl.operator.decide import (
     Observed,
     apply_failed,
     decide,
+    name_taken,
+    owned_by,
     transition_events,
 )
 from kuberl.operator.kube import ApiError, Kube
@@ -126,7 +128,9 @@ class Reconciler:
         self.post_events(observed.rljob, decision.events)
 
     def apply_child(self, namespace: str, child: dict[str, Any]) -> None:
-        """Server-side apply, or for access.CREATE_ONLY kinds a create that leaves an existing object alone."""
+        """Server-side apply, or for access.CREATE_ONLY kinds a create that leaves an existing object alone.
+
+        An existing RayJob of the name that is not this job's is an ApplyFailed (NameTaken): never taken over."""
         kind, name = child["kind"], child["metadata"]["name"]
         try:
             if kind in CREATE_ONLY:
@@ -141,13 +145,24 @@ class Reconciler:
             raise ApplyFailed(kind, name, error.message) from error
 
     def create_once(self, namespace: str, child: dict[str, Any]) -> None:
-        if child["kind"] == "Secret":  # the Ray token is made here, at the edge, and never read back
+        kind, name = child["kind"], child["metadata"]["name"]
+        if kind == "Secret":  # the Ray token is made here, at the edge, and never read back
             child = with_new_token(child)
         try:
-            self.kube.create(names.object_path(child["kind"], namespace), child)
+            self.kube.create(names.object_path(kind, namespace), child)
         except ApiError as error:
-            if error.status != 409:  # AlreadyExists: made by an earlier pass, kept as it is
+            if error.status != 409:
                 raise
+            if kind == "RayJob" and not self.owns_rayjob(namespace, child):
+                raise ApplyFailed(kind, name, name_taken(kind, name)) from error
+            # AlreadyExists otherwise: made by an earlier pass, or by someone else, and left as it is either way
+
+    def owns_rayjob(self, namespace: str, rayjob: dict[str, Any]) -> bool:
+        """Whether the RayJob of that name is this job's (the watch cache may not show one just created)."""
+        owner = rayjob["metadata"]["ownerReferences"][0]["uid"]
+        job = rayjob["metadata"]["labels"][names.JOB_LABEL]
+        ours = self.kube.list(names.rayjob_path(namespace), f"{names.JOB_LABEL}={job}", consistent=True)
+        return any(r["metadata"]["name"] == rayjob["metadata"]["name"] and owned_by(r, owner) for r in ours)
 
     def post_events(self, rljob: dict[str, Any], events: Sequence[Event]) -> None:
         owner = Owner.of(rljob)

@@ -133,6 +133,7 @@ class OperatorStatus:
     restarts: int = 0
     start_time: str | None = None
     completion_time: str | None = None
+    suspended_seconds: int = 0  # time spent suspended, added up at each resume
     progress: dict[str, Any] | None = None  # from the runtime's report (validated: read_report)
     metrics: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
@@ -151,6 +152,7 @@ class OperatorStatus:
             restarts=int(status.get("restarts") or 0),
             start_time=status.get("startTime"),
             completion_time=status.get("completionTime"),
+            suspended_seconds=int(status.get("suspendedSeconds") or 0),
             progress=status.get("progress"),
             metrics=status.get("metrics"),
             validation=status.get("validation"),
@@ -168,6 +170,7 @@ class OperatorStatus:
             "restarts": self.restarts,
             "startTime": self.start_time,
             "completionTime": self.completion_time,
+            "suspendedSeconds": self.suspended_seconds or None,
             "progress": self.progress,
             "metrics": self.metrics,
             "validation": self.validation,

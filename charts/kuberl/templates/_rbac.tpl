@@ -29,11 +29,12 @@ checks `create` as well as `patch`: hence create+patch on what the operator appl
 - apiGroups: ["kuberl.io"]
   resources: ["rljobs/status"]
   verbs: ["patch"]
-# The job's RayJobs: listed by label, applied (server-side apply creates), deleted on restart and suspend.
-# KubeRay, not kuberl, creates the pods; kuberl never touches pods or services.
+# The job's RayJobs: listed by label, created (never changed: a RayJob of the name that is not the job's is
+# never taken over), deleted on restart and suspend. KubeRay, not kuberl, creates the pods; kuberl never
+# touches pods or services.
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["list", "create", "delete"]
 # The job's ConfigMaps: `<rljob>-spec`, mounted in every Ray pod, and `<rljob>-progress`, where the runtime
 # reports (server-side apply creates). list/watch: the reports, selected by label kuberl.io/component=progress.
 - apiGroups: [""]
@@ -56,7 +57,7 @@ checks `create` as well as `patch`: hence create+patch on what the operator appl
 # Each job's NetworkPolicy `<rljob>-ray`: only the job's pods and KubeRay's operator reach its Ray pods.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 {{- define "kuberl.clusterRules" -}}
 # ---- framework (kopf), cluster-scoped ----

@@ -347,10 +347,12 @@ def cleanups(control_plane: ControlPlane) -> Iterator[list[str]]:
 
 
 def job_token(cp: ControlPlane, installation: Installation, name: str) -> str:
-    """The token the kubelet would mount into the head pod of job `name` (its own account, made by the operator)."""
+    """The token the kubelet would mount into the head pod of job `name` (its own account, made by the operator),
+    once the operator has made the account and the ConfigMap it reports into (as before the pods start)."""
     ns = installation.jobs_namespace
     account = f"/api/v1/namespaces/{ns}/serviceaccounts/{name}-runtime"
     wait_until(lambda: get_or_none(cp, account), timeout=30, what=f"the ServiceAccount {name}-runtime")
+    wait_until(lambda: get_or_none(cp, configmap_path(ns, f"{name}-progress")), timeout=30, what="the report ConfigMap")
     return service_account_token(cp, ns, f"{name}-runtime")
 
 

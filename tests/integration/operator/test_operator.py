@@ -287,9 +287,12 @@ def test_a_refused_rayjob_shows_the_api_servers_message_and_is_retried_until_it_
     assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
     control_plane.request("DELETE", f"{quotas}/no-rayjobs")
     wait_for(lambda: "squeezed-0" in cluster.rayjobs(), timeout=30, what="the RayJob once the quota is gone")
-    status = cluster.wait_status("squeezed", phase="Starting")
-    created = next(c for c in status["conditions"] if c["type"] == "Created")
-    assert (created["status"], created["reason"]) == ("True", "RayJobCreated")
+
+    def created_true() -> dict[str, Any] | None:
+        created = next((c for c in cluster.status("squeezed")["conditions"] if c["type"] == "Created"), None)
+        return created if created and created["status"] == "True" else None
+
+    assert wait_for(created_true, what="Created=True once the RayJob is seen")["reason"] == "RayJobCreated"
 
 
 def test_a_typo_the_api_server_dropped_is_reported_as_unknown_fields(cluster: Cluster):
@@ -306,3 +309,36 @@ def test_a_typo_the_api_server_dropped_is_reported_as_unknown_fields(cluster: Cl
     assert condition["status"] == "True" and "spec.algorithm.groupsize" in condition["message"]
     warned = wait_for(lambda: [e["type"] for e in cluster.events("typo") if e["reason"] == "FieldsPruned"])
     assert warned == ["Warning"]
+
+
+def test_a_configmap_or_rayjob_with_a_jobs_name_that_is_not_its_own_is_left_alone(
+    cluster: Cluster, control_plane: ControlPlane
+):
+    """Objects someone made with the names a job would use: never changed, and the job says why it waits."""
+    ns = cluster.ns
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "squatted-spec"}, "data": {"a": "b"}}
+    control_plane.request("POST", names.configmap_path(ns), configmap)
+    rayjob = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "taken-0"}, "spec": {"entrypoint": "x"}}
+    control_plane.request("POST", names.rayjob_path(ns), rayjob)
+    before = {
+        "squatted-spec": control_plane.request("GET", names.configmap_path(ns, "squatted-spec")),
+        "taken-0": control_plane.request("GET", names.rayjob_path(ns, "taken-0")),
+    }
+    cluster.create("squatted", tiny_spec())
+    cluster.create("taken", tiny_spec())
+
+    def created(job: str) -> dict[str, Any] | None:
+        found = next((c for c in cluster.status(job).get("conditions", []) if c["type"] == "Created"), None)
+        return found if found and found["status"] == "False" else None
+
+    assert wait_for(lambda: created("squatted"), what="squatted waits")["reason"] == "NameTaken"
+    taken = wait_for(lambda: created("taken"), what="taken waits")
+    assert taken["reason"] == "ApplyFailed" and "RayJob named taken-0 exists and does not belong" in taken["message"]
+    after = {
+        "squatted-spec": control_plane.request("GET", names.configmap_path(ns, "squatted-spec")),
+        "taken-0": control_plane.request("GET", names.rayjob_path(ns, "taken-0")),
+    }
+    for name, obj in after.items():  # not one write: same version, no owner reference, no label added
+        assert obj["metadata"]["resourceVersion"] == before[name]["metadata"]["resourceVersion"], name
+        assert "ownerReferences" not in obj["metadata"] and "labels" not in obj["metadata"], name
+    assert cluster.rayjobs().keys() == {"taken-0"}  # and nothing was created for squatted

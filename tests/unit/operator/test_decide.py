@@ -20,7 +20,7 @@ from kuberl.operator.decide import (
     transition_events,
 )
 from kuberl.operator.status import OperatorStatus
-from tests.unit.operator.conftest import SETTINGS, World, at, make_rljob
+from tests.unit.operator.conftest import SETTINGS, UID, World, at, base_spec, make_rljob
 
 
 def started(world: World) -> World:
@@ -355,6 +355,41 @@ def test_the_deadline_is_waited_for_then_fails_the_job_and_deletes_the_rayjob():
     assert decision.delete_rayjobs == ("tiny-grpo-0",)
 
 
+def test_suspended_time_does_not_count_towards_the_deadline():
+    world = World(rljob=make_rljob())
+    world.rljob["spec"]["runPolicy"]["activeDeadlineSeconds"] = 3600
+    running(world)  # started at 0
+    world.step(at(1000))  # 1000 s of the 3600 used
+    world.edit_spec({"runPolicy": {"suspend": True}})
+    world.step(at(1000))
+    assert world.status["phase"] == "Suspended"
+    world.edit_spec({"runPolicy": {"suspend": False}})
+    world.step(at(6000))  # 5000 s suspended, longer than the whole deadline
+    assert world.status["phase"] == "Starting" and world.status["suspendedSeconds"] == 5000
+    decision = world.step(at(6001))
+    assert world.status["phase"] != "Failed" and decision.requeue_after == 3600 + 5000 - 6001
+    world.edit_spec({"runPolicy": {"suspend": True}})  # a second suspension adds up
+    world.step(at(7000))
+    world.edit_spec({"runPolicy": {"suspend": False}})
+    world.step(at(8000))
+    assert world.status["suspendedSeconds"] == 6000
+    world.step(at(9599))
+    assert world.status["phase"] != "Failed"  # 9599 - 6000 = 3599 s active
+    world.step(at(9600))
+    assert world.status["phase"] == "Failed" and world.condition("Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_a_job_created_suspended_starts_its_deadline_when_it_starts():
+    spec = base_spec()
+    spec["runPolicy"] = {**spec["runPolicy"], "suspend": True, "activeDeadlineSeconds": 100}
+    world = World(rljob=make_rljob(spec))
+    world.step(at(0))
+    world.edit_spec({"runPolicy": {"suspend": False}})
+    world.step(at(1000))
+    assert world.status["startTime"] == "2025-01-01T12:16:40Z" and "suspendedSeconds" not in world.status
+    assert world.step(at(1001)).requeue_after == 99
+
+
 def test_the_ttl_deletes_the_finished_job_when_it_is_up():
     world = World(rljob=make_rljob())
     world.rljob["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 60
@@ -452,7 +487,11 @@ def test_decide_reads_no_clock():
 
 
 def report(**fields: object) -> dict:
-    return {"metadata": {"name": "tiny-grpo-progress"}, "data": {"report.json": json.dumps(fields)}}
+    owner = {"uid": UID, "controller": True}
+    return {
+        "metadata": {"name": "tiny-grpo-progress", "ownerReferences": [owner]},
+        "data": {"report.json": json.dumps(fields)},
+    }
 
 
 def test_the_runtimes_report_becomes_progress_metrics_and_last_checkpoint(world: World):
@@ -485,3 +524,19 @@ def test_a_report_cannot_move_a_phase_a_condition_a_name_or_a_time(world: World)
     world.step(at(7))
     assert {key: value for key, value in world.status.items() if key not in ("progress", "metrics")} == before
     assert world.status["progress"]["step"] == 4
+
+
+# --- names held by someone else ------------------------------------------------------------------
+
+
+def test_a_configmap_of_the_jobs_name_that_is_not_its_own_is_neither_read_nor_adopted(world: World):
+    world.configmap = {"metadata": {"name": "tiny-grpo-spec"}, "data": {"rljob.yaml": "spec: {}"}}  # no owner
+    decision = world.step(at(0))
+    assert decision.apply == () and decision.requeue_after == 30
+    created = world.condition("Created")
+    assert created is not None and (created["status"], created["reason"]) == ("False", "NameTaken")
+    assert "ConfigMap named tiny-grpo-spec exists and does not belong to this RLJob" in created["message"]
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", "NameTaken")]
+    world.configmap = None  # its owner removed it
+    world.step(at(30))
+    assert rayjob_names(world) == ["tiny-grpo-0"]

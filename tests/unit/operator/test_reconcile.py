@@ -43,9 +43,11 @@ class FakeKube:
         self.calls.append(("GET", path))
         return self.rljob if path == JOB else self.objects.get(path)
 
-    def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+    def list(self, path: str, label_selector: str, *, consistent: bool = False) -> list[dict[str, Any]]:
         self.calls.append(("LIST", path))
-        return [o for p, o in self.objects.items() if p.startswith(path + "/")]
+        key, _, value = label_selector.partition("=")
+        found = [o for p, o in self.objects.items() if p.startswith(path + "/")]
+        return [o for o in found if o.get("metadata", {}).get("labels", {}).get(key) == value]
 
     def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("APPLY", path))
@@ -67,9 +69,13 @@ class FakeKube:
 
     def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("CREATE", path))
-        if path in self.exists:
+        full = f"{path}/{body['metadata']['name']}" if "name" in body.get("metadata", {}) else path
+        if full in self.refusals:
+            raise self.refusals[full]
+        if path in self.exists or full in self.objects:
             raise ApiError(409, "Conflict", '{"reason": "AlreadyExists"}')
         self.created.append(body)
+        self.objects[full] = body
         return body
 
 
@@ -90,10 +96,10 @@ def test_the_status_naming_the_rayjob_is_written_before_anything_is_created():
         ("CREATE", names.object_path("Role", "team-a")),
         ("CREATE", names.object_path("RoleBinding", "team-a")),
         ("CREATE", names.object_path("Secret", "team-a")),
-        ("APPLY", names.object_path("NetworkPolicy", "team-a", "tiny-grpo-ray")),
+        ("CREATE", names.object_path("NetworkPolicy", "team-a")),
         ("APPLY", names.configmap_path("team-a", "tiny-grpo-progress")),
         ("APPLY", names.configmap_path("team-a", "tiny-grpo-spec")),
-        ("APPLY", names.rayjob_path("team-a", "tiny-grpo-0")),
+        ("CREATE", names.rayjob_path("team-a")),
     ]
 
 
@@ -275,3 +281,16 @@ def test_an_unreachable_or_failing_api_server_is_transient_and_writes_no_conditi
     assert raised.value.transient
     assert kube.rljob is not None
     assert not [c for c in kube.rljob["status"].get("conditions", []) if c["reason"] == "ApplyFailed"]
+
+
+def test_a_rayjob_of_the_name_that_is_not_the_jobs_is_never_taken_over():
+    kube = FakeKube()
+    theirs = {"metadata": {"name": "tiny-grpo-0"}, "spec": {"entrypoint": "python theirs.py"}}
+    kube.objects[names.rayjob_path("team-a", "tiny-grpo-0")] = theirs  # unlabelled, no owner
+    with pytest.raises(ApplyFailed) as failure:
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert "does not belong to this RLJob" in failure.value.message
+    assert kube.objects[names.rayjob_path("team-a", "tiny-grpo-0")] is theirs  # untouched
+    assert kube.rljob is not None
+    (created,) = [c for c in kube.rljob["status"]["conditions"] if c["type"] == "Created"]
+    assert (created["status"], created["reason"]) == ("False", "ApplyFailed")
