@@ -179,7 +179,7 @@ class OperatorStatus:
         return {key: value for key, value in full.items() if value is not None}
 
     def with_report(self, report: RuntimeReport) -> "OperatorStatus":
-        """The runtime's progress, metrics, validation and last checkpoint, as validated (the rest is the operator's)."""
+        """The runtime's progress, metrics, validation and last checkpoint, validated; the rest stays the operator's."""
         checkpoint = report.last_checkpoint.to_manifest() if report.last_checkpoint is not None else None
         validation = report.validation.to_manifest() if report.validation is not None else None
         return replace(

@@ -540,3 +540,14 @@ def test_a_configmap_of_the_jobs_name_that_is_not_its_own_is_neither_read_nor_ad
     world.configmap = None  # its owner removed it
     world.step(at(30))
     assert rayjob_names(world) == ["tiny-grpo-0"]
+
+
+def test_the_reported_validation_scores_reach_the_status(world: World):
+    running(world)
+    scores = {"step": 2, "samples": 4, "greedyMean": 0.5, "meanAtK": 0.25}
+    world.progress = report(progress={"step": 3}, validation=scores)
+    world.step(at(5))
+    assert world.status["validation"] == scores
+    world.progress = report(progress={"step": 4})  # a report without scores keeps the last ones
+    world.step(at(6))
+    assert world.status["validation"] == scores

@@ -365,7 +365,7 @@ def test_publish_without_a_checkpoint_leaves_last_checkpoint_out(api_server: Rec
 
 
 def test_the_latest_validation_goes_with_every_apply_after_it(api_server: RecordingApiServer, tmp_path: Path):
-    # server-side apply removes a field its manager stops sending: the scores must ride along until replaced
+    # each report replaces the last one whole: the scores must ride along until new ones replace them
     scores = {"step": 2, "samples": 4, "greedyMean": 0.5, "meanAtK": 0.25, "passAtK": 1.0, "majAtK": 0.5}
     publisher = publisher_for(api_server, tmp_path, min_interval=0.0)
     for step, validation in ((1, None), (2, scores), (3, None)):
@@ -373,7 +373,7 @@ def test_the_latest_validation_goes_with_every_apply_after_it(api_server: Record
         assert api_server.arrived.wait(5.0)
         api_server.arrived.clear()
     publisher.close()
-    sent = [r["body"]["status"].get("validation") for r in api_server.requests]
+    sent = [report_of(r).get("validation") for r in api_server.requests]
     assert sent == [None, scores, scores]
 
 
