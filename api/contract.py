@@ -24,9 +24,11 @@ SPEC_PATH = f"{SPEC_MOUNT_DIR}/{SPEC_KEY}"
 CHECKPOINT_MOUNT_DIR = "/checkpoints"
 
 # -- environment of every Ray pod (the operator sets them, the runtime reads them) ---------------------
-#: The RLJob's metadata.name and namespace: whose status.progress the runtime publishes.
+#: The RLJob's metadata.name and namespace: whose progress the runtime reports.
 JOB_NAME_ENV = "KUBERL_JOB_NAME"
 JOB_NAMESPACE_ENV = "KUBERL_JOB_NAMESPACE"
+#: The ConfigMap the runtime writes its report into (head pod only; operator/access.py, `<job>-progress`).
+STATUS_CONFIGMAP_ENV = "KUBERL_STATUS_CONFIGMAP"
 #: The pool the pod belongs to: `head`, or the role of its worker group (actor, critic, ...).
 ROLE_ENV = "KUBERL_ROLE"
 #: The bearer token for reward.endpoint, from the key `token` of reward.endpoint.secretRef.
@@ -40,18 +42,17 @@ RESYNC_SECONDS_ENV = "KUBERL_RESYNC_SECONDS"
 RECONCILE_WORKERS_ENV = "KUBERL_RECONCILE_WORKERS"
 HEAD_CPU_ENV = "KUBERL_HEAD_CPU"
 HEAD_MEMORY_ENV = "KUBERL_HEAD_MEMORY"
-RUNTIME_SERVICE_ACCOUNT_ENV = "KUBERL_RUNTIME_SERVICE_ACCOUNT"
-WEBHOOK_HOST_ENV = "KUBERL_WEBHOOK_HOST"
+RAY_VERSION_ENV = "KUBERL_RAY_VERSION"
+KUBERAY_OPERATOR_LABELS_ENV = "KUBERL_KUBERAY_OPERATOR_LABELS"
+KUBERAY_NAMESPACE_ENV = "KUBERL_KUBERAY_NAMESPACE"
 WEBHOOK_ADDR_ENV = "KUBERL_WEBHOOK_ADDR"
-WEBHOOK_SERVICE_ENV = "KUBERL_WEBHOOK_SERVICE"
 WEBHOOK_CERT_ENV = "KUBERL_WEBHOOK_CERT"
 WEBHOOK_KEY_ENV = "KUBERL_WEBHOOK_KEY"
-WEBHOOK_CONFIGURATION_ENV = "KUBERL_WEBHOOK_CONFIGURATION"
 
-# -- who writes which part of the RLJob (server-side apply field managers) -----------------------------
-#: The operator owns spec-derived children and status phase, conditions, restarts, names.
+# -- who writes what (server-side apply field managers) -----------------------------
+#: The operator owns spec-derived children and the whole status (it copies the runtime's report into it).
 OPERATOR_FIELD_MANAGER = "kuberl-operator"
-#: The runtime owns only status.progress, status.metrics and status.lastCheckpoint.
+#: The runtime owns only the data of its job's report ConfigMap.
 RUNTIME_FIELD_MANAGER = "kuberl-runtime"
 
 

@@ -170,6 +170,7 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SPEC_CHANGE_REFUSED = "SpecChangeRefused"
+    UNKNOWN_FIELDS = "UnknownFields"
 
 
 class ConditionStatus(StrEnum):
@@ -192,3 +193,8 @@ class ConditionReason(StrEnum):
     SPEC_CHANGED = "SpecChanged"
     UNSAFE_SPEC_CHANGE = "UnsafeSpecChange"
     INVALID_SPEC = "InvalidSpec"
+    APPLY_FAILED = "ApplyFailed"
+    KUBERAY_MISSING = "KubeRayMissing"
+    NAME_TAKEN = "NameTaken"
+    FIELDS_PRUNED = "FieldsPruned"
+    NO_FIELDS_PRUNED = "NoFieldsPruned"

@@ -209,15 +209,28 @@ def load_rljob_file(path: str | Path) -> RLJob:
     return parse_rljob(documents[0], source)
 
 
-def validate_file(path: str | Path) -> list[ManifestError]:
-    """Every problem of every RLJob document in a file; an empty list when all are valid."""
+def is_rljob(document: object) -> bool:
+    return isinstance(document, dict) and document.get("kind") == KIND
+
+
+def validate_file(path: str | Path, *, only_rljobs: bool = False) -> list[ManifestError]:
+    """Every problem of every RLJob document in a file; an empty list when all are valid.
+
+    `only_rljobs`: other documents (a GitOps repository's ConfigMaps, Deployments ...) are skipped, and a
+    file without any RLJob is fine, so the check can run over every manifest a commit touches.
+    """
     source = str(path)
     try:
-        documents = load_documents(read_manifest_text(path), source)
+        text = read_manifest_text(path)
+        if only_rljobs and not text.strip():
+            return []
+        documents = load_documents(text, source)
     except ManifestError as error:
         return [error]
     errors = []
     for index, document in enumerate(documents):
+        if only_rljobs and not is_rljob(document):
+            continue
         label = source if len(documents) == 1 else f"{source} (document {index + 1})"
         try:
             parse_rljob(document, label)

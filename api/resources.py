@@ -1,8 +1,10 @@
 """`spec.resources`: the pool of machines each role runs on (one Ray worker group per role on Kubernetes)."""
 
+import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from kuberl.api.base import KuberlModel
 from kuberl.api.limits import MAX_DURATION_SECONDS
@@ -11,6 +13,20 @@ from kuberl.api.rules import RESOURCES_RULES, raise_rule_problems
 #: A Kubernetes resource quantity such as 16Gi, 512Mi or 1e9 — the subset kuberl accepts.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$"
 LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """What Kubernetes would refuse about a node label selector entry, or None (prefix <= 253, name and value <= 63)."""
+    prefix, _, name = key.rpartition("/")
+    if not re.fullmatch(LABEL_KEY_PATTERN, key) or len(prefix) > 253 or len(name) > 63:
+        return (
+            f"{key!r} is not a label key: an optional DNS prefix and '/', then up to 63 letters, digits, "
+            "'-', '_' or '.', starting and ending with a letter or digit (e.g. nvidia.com/gpu.product)"
+        )
+    if not re.fullmatch(LABEL_VALUE_PATTERN, value) or len(value) > 63:
+        return f"the value of {key!r}, {value!r}, is not a label value (up to 63 letters, digits, '-', '_' or '.')"
+    return None
 
 
 class Toleration(KuberlModel):
@@ -66,6 +82,14 @@ class RoleResources(KuberlModel):
         description="A partial pod template merged over the one kuberl builds for this role "
         "(extra volumes, annotations, a priority class ...). Containers merge by name.",
     )
+
+    @field_validator("node_selector")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = [problem for key, label in value.items() if (problem := label_problem(key, label))]
+        if problems:
+            raise PydanticCustomError("label_key", "; ".join(problems))
+        return value
 
     @property
     def effective_min(self) -> int:

@@ -1,5 +1,6 @@
 """`spec` of an RLJob: what to train, on what data, with which reward, on which machines."""
 
+import re
 from typing import Annotated
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
@@ -33,12 +34,54 @@ DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 CREDENTIAL_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")
 
 
+#: A URL whose authority carries a password: `scheme://user:password@host`.
+URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*:[^/?#@\s]+@")
+#: Query parameters that carry a credential: `?api_key=...`, `&token=...`, an S3 or Azure signature ...
+CREDENTIAL_PARAMETER = re.compile(
+    r"[?&;](api[_-]?key|apikey|access[_-]?token|auth[_-]?token|token|secret|client[_-]?secret|password|passwd|"
+    r"private[_-]?key|sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential)=[^&;#\s]",
+    re.IGNORECASE,
+)
+
+
+def credential_in(value: str) -> str | None:
+    """Why `value` looks like it holds a credential, or None: a URL with a password, a secret-looking parameter.
+
+    >>> credential_in("https://bob:hunter2@proxy.example.com:3128")
+    'a URL with a password (user:password@)'
+    >>> credential_in("https://rm.example.com/score?api_key=abc123")
+    'a credential parameter (api_key=)'
+    >>> credential_in("https://rm.example.com/score?mode=fast") is None
+    True
+    """
+    if URL_PASSWORD.search(value):
+        return "a URL with a password (user:password@)"
+    found = CREDENTIAL_PARAMETER.search(value)
+    if found:
+        return f"a credential parameter ({found.group(1)}=)"
+    return None
+
+
+def refuse_credentials(value: str, what: str) -> str:
+    """`value`, unless it holds a credential: those belong in a Secret, never in the manifest."""
+    why = credential_in(value)
+    if why is not None:
+        raise PydanticCustomError(
+            "credential_value",
+            "{what} holds {why}; credentials do not belong in the manifest (it is stored and shown in the clear): "
+            "put them in a Secret and list it in spec.secretRefs",
+            {"what": what, "why": why},
+        )
+    return value
+
+
 def check_location(value: str, what: str) -> str:
-    """A model or data location: a path, or a URI with a supported scheme. No newlines, no NULs."""
+    """A model or data location: a path, or a URI with a supported scheme. No newlines, no NULs, no credentials."""
     if not value.strip():
         raise PydanticCustomError("empty_location", f"{what} must not be empty")
     if any(ch in value for ch in "\n\r\0"):
         raise PydanticCustomError("bad_location", f"{what} must not contain control characters")
+    refuse_credentials(value, what)
     if "://" in value:
         scheme = value.split("://", 1)[0]
         if scheme not in MODEL_URI_SCHEMES:
@@ -187,6 +230,11 @@ class RewardEndpointSpec(KuberlModel):
         pattern=DNS_LABEL_PATTERN,
         description="Secret whose key `token` is sent as a bearer token. Never put the token in the manifest.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _holds_no_credential(cls, value: str) -> str:
+        return refuse_credentials(value, "the URL")
 
 
 class OverlongPenaltySpec(KuberlModel):
@@ -469,6 +517,11 @@ class RunPolicy(KuberlModel):
 class EnvVar(KuberlModel):
     name: str = Field(pattern=ENV_NAME_PATTERN, max_length=256, description="Variable name.")
     value: str = Field("", max_length=65536, description="Value. Credentials belong in secretRefs, not here.")
+
+    @field_validator("value")
+    @classmethod
+    def _holds_no_credential(cls, value: str) -> str:
+        return refuse_credentials(value, "the value")
 
     @field_validator("name")
     @classmethod

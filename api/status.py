@@ -1,5 +1,11 @@
-"""`status` of an RLJob. The operator owns phase, conditions and restarts; the runtime owns progress,
-metrics, validation and lastCheckpoint. Each writes only its own fields."""
+"""`status` of an RLJob, which only the operator writes.
+
+The runtime reports its progress, metrics, validation scores and last checkpoint as a `RuntimeReport`
+in the job's ConfigMap `<job>-progress` (key REPORT_KEY), the one object its ServiceAccount may write;
+the operator validates the report with these models and copies its fields into status.progress,
+status.metrics, status.validation and status.lastCheckpoint. Phase, conditions, names and times are
+the operator's own.
+"""
 
 from datetime import datetime
 
@@ -73,10 +79,29 @@ class RLJobStatus(KuberlModel):
     dashboard_url: str | None = Field(None, description="The Ray dashboard of the current cluster.")
     restarts: int = Field(0, ge=0, description="Times the job was restarted from a checkpoint.")
     start_time: datetime | None = Field(
-        None, description="When the job first started (active deadline counts from it)."
+        None, description="When the job first started (the active deadline counts from it, less suspendedSeconds)."
     )
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
-    progress: Progress | None = Field(None, description="Training progress, published by the runtime.")
-    metrics: Metrics | None = Field(None, description="Latest training metrics, published by the runtime.")
-    validation: Validation | None = Field(None, description="Latest validation scores, published by the runtime.")
+    suspended_seconds: int = Field(
+        0,
+        ge=0,
+        description="Seconds the job spent suspended (runPolicy.suspend), counted when it resumes; they do not "
+        "count towards runPolicy.activeDeadlineSeconds.",
+    )
+    progress: Progress | None = Field(None, description="Training progress, as the runtime reported it.")
+    metrics: Metrics | None = Field(None, description="Latest training metrics, as the runtime reported them.")
+    validation: Validation | None = Field(None, description="Latest validation scores, as the runtime reported them.")
     last_checkpoint: CheckpointRef | None = Field(None, description="The newest complete checkpoint.")
+
+
+#: The key of the runtime's report in its ConfigMap.
+REPORT_KEY = "report.json"
+
+
+class RuntimeReport(KuberlModel):
+    """What the runtime publishes about its job, as JSON under REPORT_KEY in the ConfigMap `<job>-progress`."""
+
+    progress: Progress = Field(default_factory=Progress, description="Training progress.")
+    metrics: Metrics = Field(default_factory=Metrics, description="The latest step's headline metrics.")
+    validation: Validation | None = Field(None, description="The latest validation scores.")
+    last_checkpoint: CheckpointRef | None = Field(None, description="The newest committed checkpoint.")

@@ -4,8 +4,10 @@
 
 Prints three figures:
 
-1. direct: a plain client creates N ConfigMaps + N RayJobs (built by the operator's own builders),
-   one request after another — the floor for getting those objects into the API server;
+1. direct: a plain client creates, for each of N jobs, the objects the operator makes for one (built by
+   the operator's own builders: the job's ServiceAccount, Role, RoleBinding, Ray token Secret,
+   NetworkPolicy, report ConfigMap, spec ConfigMap and RayJob), one request after another — the floor
+   for getting those objects into the API server;
 2. operator: from the first `create` of N RLJobs (one client, one after another) until all N
    RayJobs exist, with `kuberl operator` running as a subprocess — and the ratio to 1;
 3. the operator process's peak resident memory (VmHWM) once it manages M RLJobs, after a few
@@ -30,6 +32,7 @@ if str(REPO) not in sys.path:  # `python bench/operator.py` puts bench/ first; t
 
 from kuberl.api import parse_rljob  # noqa: E402
 from kuberl.operator import names  # noqa: E402
+from kuberl.operator.access import KubeRayPeer, build_access, with_new_token  # noqa: E402
 from kuberl.operator.builders import Owner, build_configmap, build_rayjob  # noqa: E402
 from kuberl.operator.kube import Kube  # noqa: E402
 from tests.integration.envtest import (  # noqa: E402
@@ -85,12 +88,13 @@ def direct(kube: Kube, cp: ControlPlane, jobs: int) -> float:
         name = f"job-{index:04d}"
         owner = Owner(name=name, namespace=namespace, uid=f"00000000-0000-4000-8000-{index:012d}")
         job = parse_rljob(manifest(name, namespace))
+        access = [with_new_token(c) if c["kind"] == "Secret" else c for c in build_access(owner, KubeRayPeer())]
+        children.extend(access)
         children.append(build_configmap(owner, SPEC, generation=1))
         children.append(build_rayjob(job, owner, 0, default_image="ghcr.io/kuberl/runtime:bench", generation=1))
     start = time.perf_counter()
     for child in children:
-        path = names.configmap_path if child["kind"] == "ConfigMap" else names.rayjob_path
-        kube.create(path(namespace), child)
+        kube.create(names.object_path(child["kind"], namespace), child)
     return time.perf_counter() - start
 
 
@@ -147,9 +151,7 @@ def main() -> None:
     operator = None
     try:
         direct_seconds = direct(kube, cp, args.jobs)
-        print(
-            f"direct:   {args.jobs} ConfigMaps + {args.jobs} RayJobs, plain client, one by one: {direct_seconds:.2f} s"
-        )
+        print(f"direct:   the 8 objects of each of {args.jobs} jobs, plain client, one by one: {direct_seconds:.2f} s")
 
         port = free_port()
         operator = start_operator(cp.kubeconfig, workdir, port)

@@ -11,7 +11,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CLUSTER=${KIND_CLUSTER:-kuberl-e2e}
-KUBERAY_VERSION=${KUBERAY_VERSION:-1.4.2}
+KUBERAY_VERSION=${KUBERAY_VERSION:-1.6.0}  # authOptions with a secretName: 1.6+
 JOB_TIMEOUT_SECONDS=${JOB_TIMEOUT_SECONDS:-1800}
 KEEP_CLUSTER=${KEEP_CLUSTER:-0}
 RELEASE=kuberl
@@ -82,10 +82,9 @@ kubectl create namespace "$JOBS" --dry-run=client -o yaml | kubectl apply -f -
 helm upgrade --install "$RELEASE" "$REPO/charts/kuberl" --namespace "$NAMESPACE" --create-namespace \
   --set runtime.image.tag="$RUNTIME_TAG" \
   --set operator.head.memory=2Gi \
-  --set "runtime.namespaces={$JOBS}" \
   --wait --timeout 5m
 
-log "waiting for the operator to register its webhook $WEBHOOK"
+log "waiting for the webhook $WEBHOOK (templated by the chart) to answer"
 for _ in $(seq 60); do
   if [[ -n $(kubectl get validatingwebhookconfiguration "$WEBHOOK" -o jsonpath='{.webhooks[0].name}' 2>/dev/null) ]]; then
     break

@@ -18,7 +18,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     failed = 0
     for path in args.files:
-        errors = validate_file(path)
+        errors = validate_file(path, only_rljobs=args.only_rljobs)
         for error in errors:
             print(error, file=sys.stderr)
         if errors:
@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check RLJob manifests; prints every problem with its field path")
     validate.add_argument("files", nargs="+", help="YAML files (several documents per file are checked one by one)")
     validate.add_argument("-q", "--quiet", action="store_true", help="print problems only")
+    validate.add_argument(
+        "--only-rljobs",
+        action="store_true",
+        help="skip documents of other kinds (and files without an RLJob): for a pre-commit check over a GitOps "
+        "repository, see docs/gitops.md",
+    )
     validate.set_defaults(func=cmd_validate)
 
     explain = sub.add_parser("explain", help="document a field, e.g. `kuberl explain spec.algorithm.groupSize`")

@@ -9,11 +9,16 @@ per actor the topology puts on one pod, so the runtime's actors land only on the
 Elastic pools (minReplicas < maxReplicas) turn on KubeRay's in-tree autoscaler; the RayJob is never
 re-applied once created, so replica counts the autoscaler moves are never fought over.
 
+Every pod passes Pod Security `restricted` (pods.py), runs as the job's own ServiceAccount
+(access.py), and only the head pod, where the controller publishes its report, mounts its token.
+Ray's token authentication is on (`authOptions`), and KubeRay submits over HTTP (no submitter pod).
+
 The entrypoint is the runtime's command line (api/contract.py `runtime_command`) joined with
-shlex.join: KubeRay hands it to a shell (`ray job submit ... -- <entrypoint>`), and no user string is
-ever pasted into it. Mounts and environment names come from api/contract.py too.
+shlex.join: KubeRay hands it to the head's Ray Jobs API, which runs it in a shell, and no user string
+is ever pasted into it. Mounts and environment names come from api/contract.py too.
 """
 
+import copy
 import json
 import shlex
 from dataclasses import dataclass
@@ -23,9 +28,9 @@ import yaml
 
 from kuberl.api import KIND, RLJob, contract
 from kuberl.api.resources import RoleResources
-from kuberl.api.topology import Pool, plan_topology
+from kuberl.api.topology import HEAD_POOL, Pool, plan_topology
 from kuberl.operator import names
-from kuberl.operator.pods import container_resources, merge
+from kuberl.operator.pods import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT, container_resources, merge
 
 #: Ports of the Ray head (KubeRay's defaults, spelled out).
 HEAD_PORTS = (
@@ -36,6 +41,10 @@ HEAD_PORTS = (
         "name": "client",
     },
 )
+#: The Ray version the runtime image carries (KubeRay needs it with authOptions; 2.52+ has token auth).
+DEFAULT_RAY_VERSION = "2.60.0"
+#: The role name of the head pod, which runs the controller.
+HEAD_ROLE = HEAD_POOL
 SPEC_VOLUME = "kuberl-spec"
 CHECKPOINT_VOLUME = "kuberl-checkpoints"
 
@@ -136,6 +145,8 @@ def pod_env(job: RLJob, role: str) -> list[dict[str, Any]]:
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata.namespace or ""},
         {"name": contract.ROLE_ENV, "value": role},
     ]
+    if role == HEAD_ROLE:  # where the controller publishes its progress (access.py)
+        own.append({"name": contract.STATUS_CONFIGMAP_ENV, "value": names.progress_configmap_name(job.metadata.name)})
     endpoint = job.spec.reward.endpoint
     if endpoint is not None and endpoint.secret_ref is not None:
         own.append(
@@ -173,8 +184,8 @@ def pod_template(
     image: str,
     resources: dict[str, Any],
     pool: RoleResources | None,
-    service_account: str | None = None,
 ) -> dict[str, Any]:
+    """A role's pod: Pod Security `restricted`, the job's own ServiceAccount, its token only in the head pod."""
     volumes, mounts = pod_volumes(job, names.configmap_name(job.metadata.name))
     main: dict[str, Any] = {
         "name": container,
@@ -182,17 +193,22 @@ def pod_template(
         "env": pod_env(job, role),
         "resources": resources,
         "volumeMounts": mounts,
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     env_from = pod_env_from(job)
     if env_from:
         main["envFrom"] = env_from
     if container == "ray-head":
         main["ports"] = [dict(port) for port in HEAD_PORTS]
-    spec: dict[str, Any] = {"containers": [main], "volumes": volumes}
-    if (
-        service_account
-    ):  # the runtime publishes the RLJob's progress as this account (a pool's podTemplate may override)
-        spec["serviceAccountName"] = service_account
+    spec: dict[str, Any] = {
+        "containers": [main],
+        "volumes": volumes,
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        # the controller on the head publishes the job's report with this account's token (and KubeRay's
+        # autoscaler, a container of the head pod, uses it); worker pods, which run reward code, get no token
+        "serviceAccountName": names.runtime_account_name(job.metadata.name),
+        "automountServiceAccountToken": role == HEAD_ROLE,
+    }
     if pool is not None and pool.node_selector:
         spec["nodeSelector"] = dict(pool.node_selector)
     if pool is not None and pool.tolerations:
@@ -203,7 +219,7 @@ def pod_template(
     return template
 
 
-def worker_group(job: RLJob, pool: Pool, image: str, service_account: str | None = None) -> dict[str, Any]:
+def worker_group(job: RLJob, pool: Pool, image: str) -> dict[str, Any]:
     """One Ray worker group for a pool: its pods, the autoscaler's bounds, and the resource it offers."""
     size: RoleResources = getattr(job.spec.resources, pool.name)  # placement constraints and podTemplate
     return {
@@ -219,14 +235,11 @@ def worker_group(job: RLJob, pool: Pool, image: str, service_account: str | None
             image=image,
             resources=container_resources(pool),
             pool=size,
-            service_account=service_account,
         ),
     }
 
 
-def head_group(
-    job: RLJob, pool: Pool, image: str, cpu: str, memory: str, service_account: str | None = None
-) -> dict[str, Any]:
+def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str) -> dict[str, Any]:
     """The head: it runs the controller, and the actors the topology puts beside it (a reward without a pool)."""
     amounts = {"cpu": cpu, "memory": memory}
     return {
@@ -238,7 +251,6 @@ def head_group(
             image=image,
             resources={"requests": dict(amounts), "limits": dict(amounts)},
             pool=None,
-            service_account=service_account,
         ),
     }
 
@@ -252,13 +264,29 @@ def build_rayjob(
     generation: int,
     head_cpu: str = "1",
     head_memory: str = "4Gi",
-    service_account: str | None = None,
+    ray_version: str = DEFAULT_RAY_VERSION,
 ) -> dict[str, Any]:
     """RayJob `<rljob>-<index>`: the runtime on a Ray cluster with one worker group per pool; index > 0 is a
-    restart of the same run (the runtime resumes from the latest checkpoint)."""
+    restart of the same run (the runtime resumes from the latest checkpoint).
+
+    Ray's token authentication is on with the job's own token (`authOptions`, KubeRay 1.6+: KubeRay puts
+    the Secret's token into every Ray container and its own dashboard client; it needs `rayVersion`).
+    KubeRay submits the job over HTTP (HTTPMode), so no submitter pod is created: the head, the workers
+    and KubeRay's operator are all that talk to the cluster (access.py's NetworkPolicy).
+    """
     image = job.spec.image or default_image
     topology = plan_topology(job.spec)
     marks = {names.RESTART_LABEL: str(index)}
+    elastic = any(pool.elastic for pool in topology.worker_pools)
+    cluster: dict[str, Any] = {
+        "rayVersion": ray_version,
+        "authOptions": {"mode": "token", "secretName": names.ray_token_secret_name(owner.name)},
+        "enableInTreeAutoscaling": elastic,
+        "headGroupSpec": head_group(job, topology.head, image, head_cpu, head_memory),
+        "workerGroupSpecs": [worker_group(job, pool, image) for pool in topology.worker_pools],
+    }
+    if elastic:  # KubeRay adds the autoscaler as a container of the head pod: restricted like the others
+        cluster["autoscalerOptions"] = {"securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT)}
     return {
         "apiVersion": names.RAY_API_VERSION,
         "kind": "RayJob",
@@ -270,12 +298,9 @@ def build_rayjob(
         ),
         "spec": {
             "entrypoint": entrypoint(resume=index > 0),
+            "submissionMode": "HTTPMode",
             "shutdownAfterJobFinishes": True,
-            "rayClusterSpec": {
-                "enableInTreeAutoscaling": any(pool.elastic for pool in topology.worker_pools),
-                "headGroupSpec": head_group(job, topology.head, image, head_cpu, head_memory, service_account),
-                "workerGroupSpecs": [worker_group(job, pool, image, service_account) for pool in topology.worker_pools],
-            },
+            "rayClusterSpec": cluster,
         },
     }
 

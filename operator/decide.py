@@ -1,7 +1,7 @@
 """The decision of one reconcile pass: a pure function from what was observed to what to do.
 
 `decide(observed, now, settings)` reads the RLJob (spec and the status written so far), the
-job's RayJobs and its spec ConfigMap, and returns a `Decision`: the operator's status fields,
+job's RayJobs, its spec ConfigMap and the runtime's report, and returns a `Decision`: the status,
 the children to apply, the RayJobs to delete, the Events to post and when to look again. It
 reads no clock and does no I/O, so every rule is a table test (tests/unit/operator/).
 
@@ -10,19 +10,24 @@ decides it.
 
 1. finished     Succeeded/Failed are final; only ttlSecondsAfterFinished acts (deletes the RLJob).
 2. invalid      no valid spec to run (the webhook was bypassed): Pending, Created=False/InvalidSpec.
-3. deadline     activeDeadlineSeconds passed since startTime: Failed/DeadlineExceeded, RayJobs deleted.
+3. deadline     activeDeadlineSeconds passed since startTime, suspended time not counted: Failed/DeadlineExceeded.
 4. suspend      runPolicy.suspend: every RayJob deleted (checkpoints stay), Suspended.
-5. resume       suspend turned off: a new RayJob that resumes from the latest checkpoint.
-6. first start  no RayJob named yet: `<rljob>-0`.
-7. missing      the RayJob named in status does not exist (a crash after naming it): create exactly it.
-8. follow       the RayJob's state decides: Starting, Running, Succeeded, or Failed -> backoff ->
+5. no KubeRay   the API server does not serve RayJobs: Created=False/KubeRayMissing, looked at again later.
+6. name taken   a ConfigMap of the job's names is not the job's: Created=False/NameTaken; never adopted.
+7. resume       suspend turned off: a new RayJob that resumes from the latest checkpoint.
+8. first start  no RayJob named yet: `<rljob>-0`.
+9. missing      the RayJob named in status does not exist (a crash after naming it): create exactly it.
+10. follow      the RayJob's state decides: Starting, Running, Succeeded, or Failed -> backoff ->
                 a new RayJob `<rljob>-<n+1>` with --resume, until runPolicy.maxRestarts.
 
-A new RayJob is always named in status before it is created (the status is applied first), and
+Created=True is set only once the RayJob is seen to exist; a child the API server refuses turns it
+False with the API's message (`apply_failed`, written by the reconcile pass). A new RayJob is always
+named in status before it is created (the status is applied first), and
 the name comes from the name stored in status, so a pass that dies half-way is finished by the
 next one and never duplicates a RayJob. A spec change (compared with the spec in the ConfigMap,
 i.e. the one the RayJob runs) restarts the job from its checkpoint when safe (`specdiff`) and is
-refused with SpecChangeRefused when not; the refused spec never reaches the ConfigMap.
+refused with SpecChangeRefused when not; the refused spec never reaches the ConfigMap. Fields the API
+server dropped from the applied manifest (typos) are reported as UnknownFields=True (pruned.py).
 """
 
 from dataclasses import dataclass, field, replace
@@ -33,7 +38,9 @@ from kuberl.api import ManifestError, RLJob, parse_rljob
 from kuberl.api.enums import TERMINAL_PHASES, ConditionReason, ConditionType, Phase
 from kuberl.api.spec import RunPolicy
 from kuberl.operator import names
+from kuberl.operator.access import build_access, build_progress_configmap
 from kuberl.operator.builders import Owner, build_configmap, build_rayjob, configmap_spec, spec_manifest
+from kuberl.operator.pruned import pruned_fields
 from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.specdiff import runtime_spec_changed, unsafe_changes
 from kuberl.operator.status import (
@@ -46,18 +53,28 @@ from kuberl.operator.status import (
     parse_time,
     rayjob_message,
     rayjob_state,
+    read_report,
 )
 
 #: The longest wait before a restart, however many restarts came before (runPolicy.backoffSeconds' own maximum).
 MAX_BACKOFF_SECONDS = 86400
 #: How soon to look again while a deleted RLJob's old RayJob still blocks a name.
 FOREIGN_NAME_RETRY_SECONDS = 2.0
+#: How soon to look again while a ConfigMap of the job's name is someone else's.
+NAME_TAKEN_RETRY_SECONDS = 30.0
+#: How soon to look again while the API server does not know RayJobs.
+KUBERAY_RETRY_SECONDS = 30.0
+KUBERAY_MISSING = (
+    "the API server does not know RayJobs (ray.io/v1): install KubeRay (its CRDs rayjobs.ray.io and "
+    "rayclusters.ray.io) in this cluster, then the operator creates the job's RayJob on its next pass"
+)
 #: Condition flips that deserve a Warning event rather than a Normal one.
 WARNINGS = {
     (ConditionType.FAILED.value, "True"),
     (ConditionType.SPEC_CHANGE_REFUSED.value, "True"),
     (ConditionType.RESTARTING.value, "True"),
     (ConditionType.CREATED.value, "False"),
+    (ConditionType.UNKNOWN_FIELDS.value, "True"),
 }
 
 
@@ -68,6 +85,14 @@ class Observed:
     rljob: dict[str, Any]
     rayjobs: tuple[dict[str, Any], ...] = ()
     configmap: dict[str, Any] | None = None
+    kuberay_missing: bool = False  # the API server does not serve RayJobs (404 on the list)
+    progress: dict[str, Any] | None = None  # the ConfigMap the runtime reports into (access.py)
+
+    def foreign_configmaps(self) -> list[str]:
+        """The job's ConfigMap names held by ConfigMaps that are not the job's (never read, applied or adopted)."""
+        uid = self.rljob["metadata"]["uid"]
+        found = (self.configmap, self.progress)
+        return [cm["metadata"]["name"] for cm in found if cm is not None and not owned_by(cm, uid)]
 
 
 @dataclass(frozen=True)
@@ -143,6 +168,9 @@ class _Pass:
     mine: list[dict[str, Any]]
     foreign: set[str]  # names held by RayJobs of another owner (a deleted RLJob of the same name)
     has_configmap: bool
+    has_progress: bool
+    foreign_configmaps: list[str]
+    kuberay_missing: bool
     apply: list[dict[str, Any]] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -164,6 +192,7 @@ class _Pass:
 
     def apply_children(self, index: int) -> None:
         assert self.run_spec is not None and self.run_job is not None
+        self.apply.extend(build_access(self.owner, self.settings.kuberay))
         self.apply.append(build_configmap(self.owner, self.run_spec, self.generation))
         self.apply.append(
             build_rayjob(
@@ -174,7 +203,7 @@ class _Pass:
                 generation=self.generation,
                 head_cpu=self.settings.head_cpu,
                 head_memory=self.settings.head_memory,
-                service_account=self.settings.runtime_service_account,
+                ray_version=self.settings.ray_version,
             )
         )
 
@@ -193,8 +222,6 @@ class _Pass:
             start_time=self.before.start_time or self.now_text(),
             completion_time=None,
         )
-        if not is_true(self.status.conditions, ConditionType.CREATED):
-            self.condition(ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, f"created RayJob {name}")
         self.not_running(reason, message)
         self.delete_all_but(name)
         self.apply_children(names.rayjob_index(self.owner.name, name) or 0)
@@ -208,7 +235,18 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
     before = OperatorStatus.from_status(rljob.get("status"))
     desired_spec = rljob.get("spec") or {}
     desired, problems = _parse(owner.name, owner.namespace, desired_spec)
-    running_spec = configmap_spec(observed.configmap)
+    foreign_configmaps = observed.foreign_configmaps()
+    configmap = (
+        None
+        if observed.configmap is None or observed.configmap["metadata"]["name"] in foreign_configmaps
+        else observed.configmap
+    )
+    progress = (
+        None
+        if observed.progress is None or observed.progress["metadata"]["name"] in foreign_configmaps
+        else observed.progress
+    )
+    running_spec = configmap_spec(configmap)
     running, _ = _parse(owner.name, owner.namespace, running_spec)
 
     run_spec, run_job, refusal, safe_change = desired_spec, desired, None, False
@@ -226,13 +264,17 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
     mine = [rj for rj in observed.rayjobs if owned_by(rj, owner.uid)]
     current = next((rj for rj in mine if rj["metadata"]["name"] == before.ray_job_name), None)
     source = desired or running
+    status = replace(before, observed_generation=meta.get("generation"))
+    report = read_report(progress)
+    if report is not None:
+        status = status.with_report(report)
     return _Pass(
         now=now,
         settings=settings,
         owner=owner,
         generation=int(meta.get("generation") or 0),
         before=before,
-        status=replace(before, observed_generation=meta.get("generation")),
+        status=status,
         policy=_run_policy(desired_spec, source),
         run_spec=run_spec,
         run_job=run_job,
@@ -241,7 +283,10 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
         current=current,
         mine=mine,
         foreign={rj["metadata"]["name"] for rj in observed.rayjobs if not owned_by(rj, owner.uid)},
-        has_configmap=observed.configmap is not None,
+        has_configmap=configmap is not None,
+        has_progress=progress is not None,
+        foreign_configmaps=foreign_configmaps,
+        kuberay_missing=observed.kuberay_missing,
     )
 
 
@@ -272,11 +317,22 @@ def _invalid(p: _Pass) -> bool:
     return True
 
 
+def _suspended_seconds(p: _Pass) -> int:
+    """Time spent suspended: the resumed suspensions, plus the one ending now (Suspended=True since it began)."""
+    total = p.before.suspended_seconds
+    suspended = find_condition(p.before.conditions, ConditionType.SUSPENDED)
+    started = p.before.start_time is not None  # the deadline counts from the start: earlier pauses do not matter
+    if started and p.before.phase == Phase.SUSPENDED and suspended is not None and suspended.get("status") == "True":
+        since = parse_time(suspended.get("lastTransitionTime"))
+        total += max(0, int((p.now - since).total_seconds())) if since is not None else 0
+    return total
+
+
 def _deadline(p: _Pass) -> bool:
     limit, started = p.policy.active_deadline_seconds, parse_time(p.before.start_time)
     if limit is None or started is None or p.policy.suspend:
         return False
-    due = later(started, limit)
+    due = later(started, limit + _suspended_seconds(p))  # suspended time does not count
     if p.now < due:
         p.requeue.append((due - p.now).total_seconds())
         return False
@@ -300,6 +356,23 @@ def _suspend(p: _Pass) -> bool:
     return True
 
 
+def _kuberay_missing(p: _Pass) -> bool:
+    if not p.kuberay_missing:
+        return False
+    p.condition(ConditionType.CREATED, False, ConditionReason.KUBERAY_MISSING, KUBERAY_MISSING)
+    p.requeue.append(KUBERAY_RETRY_SECONDS)
+    return True
+
+
+def _name_taken(p: _Pass) -> bool:
+    if not p.foreign_configmaps:
+        return False
+    message = "; ".join(name_taken("ConfigMap", name) for name in p.foreign_configmaps)
+    p.condition(ConditionType.CREATED, False, ConditionReason.NAME_TAKEN, message)
+    p.requeue.append(NAME_TAKEN_RETRY_SECONDS)
+    return True
+
+
 def _resume(p: _Pass) -> bool:
     if p.before.phase != Phase.SUSPENDED:
         return False
@@ -308,6 +381,7 @@ def _resume(p: _Pass) -> bool:
     name = names.next_rayjob_name(p.owner.name, p.before.ray_job_name)
     message = f"runPolicy.suspend is false: RayJob {name} resumes from the latest checkpoint"
     if p.new_rayjob(count_restart=False, reason=ConditionReason.RESUMED_BY_USER, message=message):
+        p.status = replace(p.status, suspended_seconds=_suspended_seconds(p))
         p.condition(ConditionType.SUSPENDED, False, ConditionReason.RESUMED_BY_USER, message)
     return True
 
@@ -344,12 +418,16 @@ def _follow(p: _Pass) -> bool:
     p.delete_all_but(name)
     if not p.has_configmap and p.run_spec is not None:
         p.apply.append(build_configmap(p.owner, p.run_spec, p.generation))
+    if not p.has_progress:
+        p.apply.append(build_progress_configmap(p.owner))
     if state in (RayJobState.STARTING, RayJobState.RUNNING) and p.safe_change:
         following = names.next_rayjob_name(p.owner.name, name)
         message = f"spec generation {p.generation} changed: {following} continues from the latest checkpoint"
         if p.new_rayjob(count_restart=False, reason=ConditionReason.SPEC_CHANGED, message=message):
             p.events.append(Event("Normal", ConditionReason.SPEC_CHANGED.value, message))
         return True
+    if not is_true(p.status.conditions, ConditionType.CREATED):  # only once the RayJob is seen to exist
+        p.condition(ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, f"created RayJob {name}")
     dashboard = (rayjob.get("status") or {}).get("dashboardURL") or None
     p.status = replace(p.status, dashboard_url=dashboard)
     if state == RayJobState.STARTING:
@@ -396,7 +474,18 @@ def _failed(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
     p.requeue.append((due - p.now).total_seconds())
 
 
-STEPS = (_finished, _invalid, _deadline, _suspend, _resume, _first_start, _missing, _follow)
+STEPS = (
+    _finished,
+    _invalid,
+    _deadline,
+    _suspend,
+    _kuberay_missing,
+    _name_taken,
+    _resume,
+    _first_start,
+    _missing,
+    _follow,
+)
 
 
 def _spec_refusal(p: _Pass) -> None:
@@ -413,7 +502,34 @@ def _spec_refusal(p: _Pass) -> None:
         )
 
 
-def _transition_events(before: OperatorStatus, after: OperatorStatus) -> list[Event]:
+def name_taken(kind: str, name: str) -> str:
+    return (
+        f"a {kind} named {name} exists and does not belong to this RLJob (no owner reference to it); "
+        "the operator does not take it over: delete or rename it, or give the RLJob another name"
+    )
+
+
+def apply_failed(status: OperatorStatus, kind: str, name: str, message: str, now: datetime) -> OperatorStatus:
+    """The status after the API server refused to create or update a child: Created=False with its words."""
+    detail = f"the API server refused {kind} {name}: {message}"
+    return status.with_condition(ConditionType.CREATED, False, ConditionReason.APPLY_FAILED, detail, now)
+
+
+def _unknown_fields(p: _Pass, rljob: dict[str, Any]) -> None:
+    """UnknownFields=True naming what the API server dropped from the applied manifest; False once it is fixed."""
+    dropped = pruned_fields(rljob)
+    if dropped:
+        message = (
+            f"the API server dropped {', '.join(dropped)} from the applied manifest: not fields of an RLJob, so "
+            "the job runs without them (defaults instead). Fix the manifest; `kuberl validate` names each one"
+        )
+        p.condition(ConditionType.UNKNOWN_FIELDS, True, ConditionReason.FIELDS_PRUNED, message)
+    elif is_true(p.status.conditions, ConditionType.UNKNOWN_FIELDS):
+        message = "the applied manifest has no field the API server dropped"
+        p.condition(ConditionType.UNKNOWN_FIELDS, False, ConditionReason.NO_FIELDS_PRUNED, message)
+
+
+def transition_events(before: OperatorStatus, after: OperatorStatus) -> list[Event]:
     events = []
     for condition in flipped(before.conditions, after.conditions):
         if condition["type"] == ConditionType.RUNNING.value and condition["status"] == "False":
@@ -431,13 +547,14 @@ def decide(observed: Observed, now: datetime, settings: OperatorSettings) -> Dec
         if step(p):
             break
     _spec_refusal(p)
+    _unknown_fields(p, observed.rljob)
     ttl = p.policy.ttl_seconds_after_finished
     if p.terminal and p.before.phase not in TERMINAL_PHASES and ttl is not None:
         # the pass that finishes the job schedules the TTL's own pass: the status write it makes is
         # the operator's own and may bring no further event (completionTime counts in whole seconds,
         # so `ttl` after now is never early)
         p.requeue.append(float(ttl))
-    events = _transition_events(p.before, p.status) + p.events
+    events = transition_events(p.before, p.status) + p.events
     return Decision(
         status=p.status,
         write_status=p.status.to_status() != p.before.to_status(),

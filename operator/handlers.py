@@ -1,8 +1,16 @@
 """kopf handlers: thin. Each one only asks the reconcile queue for a pass of the RLJob concerned.
 
-create/update/resume of an RLJob, a timer (the resync), and any change of a RayJob labelled
-`kuberl.io/job` (KubeRay moving its status) all lead to the same level-triggered pass. A pass
-that fails raises TemporaryError, and kopf retries the handler after the delay.
+Every handler is a watch-event handler (`kopf.on.event`), never a create/update/timer handler: kopf
+puts its finalizer on an object only for those (and for daemons), and a finalizer held by an operator
+that is down stops RLJobs, and the namespaces holding them, from being deleted. Nothing here needs one:
+owner references let the garbage collector take a deleted job's children, and the queue's own timers
+give every job its resync. kopf also removes the finalizer earlier versions put on RLJobs.
+
+An RLJob event asks for a pass when the job is new to this operator or its spec changed (a new
+generation); a status-only change is the operator's own write and needs none. Changes of a RayJob
+labelled `kuberl.io/job` (KubeRay moving its status) and of a job's report ConfigMap (the runtime
+publishing progress) always ask for one. A pass that fails is retried
+by the queue with a growing delay; a handler never raises, so kopf posts no Error event per failure.
 """
 
 import logging
@@ -12,25 +20,8 @@ import kopf
 
 from kuberl.api import GROUP, PLURAL, VERSION
 from kuberl.operator import names
-from kuberl.operator.kube import ApiError, connection_info, load_configuration
-from kuberl.operator.reconcile import ReconcileQueue
+from kuberl.operator.kube import connection_info, load_configuration
 from kuberl.operator.settings import OperatorSettings
-
-#: Delay before kopf retries a handler whose pass failed.
-RETRY_DELAY_SECONDS = 2.0
-
-
-async def request_pass(queue: ReconcileQueue, namespace: str | None, name: str) -> None:
-    if namespace is None:  # RLJobs and RayJobs are namespaced; kopf types allow cluster-scoped objects too
-        raise kopf.PermanentError(f"{name} has no namespace")
-    try:
-        await queue.trigger(namespace, name)
-    except ApiError as error:
-        raise kopf.TemporaryError(
-            f"reconcile of {namespace}/{name} failed: {error}", delay=RETRY_DELAY_SECONDS
-        ) from error
-    except (OSError, TimeoutError) as error:  # the API server unreachable for a moment
-        raise kopf.TemporaryError(f"API server unreachable: {error}", delay=RETRY_DELAY_SECONDS) from error
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
@@ -42,39 +33,38 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        # kopf's own bookkeeping lives in annotations: the RLJob status schema keeps only known fields.
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kuberl.io")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="kuberl.io", key="last-handled-configuration"
-        )
         settings.posting.level = logging.WARNING  # the operator posts its own Events on transitions
-        # A deleted RLJob keeps its finalizer until its resync timer has stopped; kopf checks a timer that
-        # is mid-run every `cancellation_polling` seconds (60 by default, which held TTL deletions a minute).
-        settings.background.cancellation_polling = 1.0
+        # Watch only what concerns jobs, filtered by the API server: the runtimes' report ConfigMaps, and
+        # RayJobs labelled with a job (not every ConfigMap and RayJob of the cluster).
+        settings.watching.label_selectors["v1", "configmaps"] = f"{names.COMPONENT_LABEL}={names.PROGRESS_COMPONENT}"
+        settings.watching.label_selectors[names.RAY_GROUP, "rayjobs"] = names.JOB_LABEL
 
-    @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile-created", registry=registry)
-    async def created(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-        await request_pass(memo.queue, namespace, name)
-
-    @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-updated", registry=registry)
-    async def updated(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-        await request_pass(memo.queue, namespace, name)
-
-    @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resumed", registry=registry)
-    async def resumed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-        await request_pass(memo.queue, namespace, name)
-
-    @kopf.timer(GROUP, VERSION, PLURAL, id="resync", interval=settings.resync_seconds, registry=registry)
-    async def resync(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-        await request_pass(memo.queue, namespace, name)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def rljob_changed(
+        type: str | None, name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any
+    ) -> None:
+        if namespace is None:  # RLJobs are namespaced; kopf's types allow cluster-scoped objects too
+            return
+        if type == "DELETED":
+            memo.queue.forget(namespace, name)
+            memo.metrics.job_phase((namespace, name), None)
+            return
+        memo.queue.notice(namespace, name, body.get("metadata", {}).get("generation"))
 
     @kopf.on.event(
         names.RAY_GROUP, names.RAY_VERSION, "rayjobs", labels={names.JOB_LABEL: kopf.PRESENT}, registry=registry
     )
     async def rayjob_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
-        await request_pass(memo.queue, namespace, labels[names.JOB_LABEL])
+        if namespace is not None:
+            memo.queue.request(namespace, labels[names.JOB_LABEL])
 
-    @kopf.on.delete(GROUP, VERSION, PLURAL, id="forget", optional=True, registry=registry)
-    async def deleted(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-        memo.queue.forget(namespace or "", name)
-        memo.metrics.job_phase((namespace or "", name), None)
+    @kopf.on.event(
+        "v1",
+        "configmaps",
+        labels={names.COMPONENT_LABEL: names.PROGRESS_COMPONENT, names.JOB_LABEL: kopf.PRESENT},
+        registry=registry,
+    )
+    async def report_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
+        """The runtime wrote its report: the pass copies it into the RLJob's status (the pass reads it by name)."""
+        if namespace is not None:
+            memo.queue.request(namespace, labels[names.JOB_LABEL])

@@ -2,7 +2,8 @@
 
 Paths are built by `names`; bodies are plain dicts. Every write that creates or changes an object
 is a server-side apply under FIELD_MANAGER (force: the operator owns what it applies). Errors
-come out as `ApiError` with the HTTP status, so callers need no kubernetes exception types.
+come out as `ApiError` with the HTTP status, so callers need no kubernetes exception types, and a
+request that got no answer at all as `ApiUnreachable` (status 0), transient like a 5xx.
 """
 
 import json
@@ -18,6 +19,8 @@ from kubernetes.client import Configuration
 from kuberl.operator.names import FIELD_MANAGER
 
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: the client sends the dict as JSON
+#: The status of an ApiError when no HTTP answer came back.
+UNREACHABLE = 0
 
 
 class ApiError(Exception):
@@ -28,6 +31,28 @@ class ApiError(Exception):
     @property
     def conflict(self) -> bool:
         return self.status == 409
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying as it is: the server was unreachable, overloaded or failing (not refusing the request)."""
+        return self.status == UNREACHABLE or self.status == 429 or self.status >= 500
+
+    @property
+    def message(self) -> str:
+        """The API server's own explanation (a Status object's message), else the body as it came."""
+        try:
+            status = json.loads(self.body)
+        except ValueError:
+            return self.body[:1000] or self.reason
+        found = status.get("message") if isinstance(status, dict) else None
+        return str(found) if found else self.body[:1000] or self.reason
+
+
+class ApiUnreachable(ApiError):
+    """No answer at all: the connection failed, was reset or timed out (urllib3's errors are not OSErrors)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(UNREACHABLE, "API server unreachable", f"{type(error).__name__}: {error}")
 
 
 def load_configuration(pool_size: int = 16) -> Configuration:
@@ -115,7 +140,10 @@ class Kube:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = json.dumps(body).encode() if body is not None else None
-        response = self.pool.request(method, url, body=data, headers=headers, timeout=self.timeout, retries=False)
+        try:
+            response = self.pool.request(method, url, body=data, headers=headers, timeout=self.timeout, retries=False)
+        except (urllib3.exceptions.HTTPError, OSError) as error:  # ProtocolError, NewConnectionError, timeouts
+            raise ApiUnreachable(error) from error
         text = response.data.decode("utf-8", "replace") if response.data else ""
         if not 200 <= response.status < 300:
             raise ApiError(response.status, str(response.reason), text)
@@ -130,13 +158,15 @@ class Kube:
             raise
         return found
 
-    def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+    def list(self, path: str, label_selector: str, *, consistent: bool = False) -> list[dict[str, Any]]:
         """Objects matching the selector, served from the API server's watch cache (resourceVersion=0).
 
         A quorum read would fetch and decode every object of the kind in the namespace from etcd on
         each call; the cache may lag by milliseconds, which deterministic names and apply make harmless.
+        `consistent`: a quorum read after all, for the rare question the cache could answer wrongly.
         """
-        listing = self.call("GET", path, query=[("labelSelector", label_selector), ("resourceVersion", "0")])
+        query = [("labelSelector", label_selector)] + ([] if consistent else [("resourceVersion", "0")])
+        listing = self.call("GET", path, query=query)
         items: list[dict[str, Any]] = listing.get("items") or []
         return items
 

@@ -3,7 +3,7 @@
     kuberl operator [--namespace NS ...] [--webhook-port 9443] [--metrics-port 8080]
 
 Without --namespace it watches the whole cluster. With --webhook-port it serves the validating
-webhook (see webhook.py) and keeps the ValidatingWebhookConfiguration up to date. Settings beyond
+webhook (see webhook.py; the Helm chart templates its configuration). Settings beyond
 the flags come from environment variables (settings.py). One replica is expected: the operator
 runs kopf in standalone mode (no peering), and deterministic names keep even an overlap harmless.
 """
@@ -44,26 +44,18 @@ class Operator:
 def build_operator(settings: OperatorSettings, kube: Kube | None = None) -> Operator:
     kube = kube or Kube.from_environment(pool_size=settings.workers + 4)
     metrics = OperatorMetrics()
-    queue = ReconcileQueue(Reconciler(kube, settings, metrics), workers=settings.workers)
+    queue = ReconcileQueue(
+        Reconciler(kube, settings, metrics), workers=settings.workers, resync_seconds=settings.resync_seconds
+    )
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings)
     if settings.webhook_port is not None:
         webhook.register(registry)
-        server = webhook.WebhookServer(
-            addr=settings.webhook_addr,
-            port=settings.webhook_port,
-            host=settings.webhook_host,
-            certfile=settings.webhook_cert,
-            pkeyfile=settings.webhook_key,
-            service=settings.webhook_service,
-        )
-
-        managed = settings.webhook_configuration
+        server = webhook.server(settings)  # fails now, with what to set, when the certificate files are not given
 
         @kopf.on.startup(registry=registry)
         def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
-            settings.admission.server = server
-            settings.admission.managed = managed
+            settings.admission.server = server  # served only: settings.admission.managed stays None
 
     return Operator(settings=settings, registry=registry, queue=queue, metrics=metrics, kube=kube)
 

@@ -3,8 +3,10 @@
 A RayJob is `<rljob>-<index>`, where the index counts the job's RayJobs (0 for the first; each
 restart from a checkpoint, resume after suspend or accepted spec change takes the next one). The
 current name is written into `status.rayJobName` before the RayJob is created, so a pass that dies
-between the two finds the name and creates exactly that RayJob. The spec ConfigMap is `<rljob>-spec`.
-What the runtime must find in the pods (mounts, environment, Ray resources) is in api/contract.py.
+between the two finds the name and creates exactly that RayJob. The spec ConfigMap is `<rljob>-spec`;
+the per-job access objects (access.py) are `<rljob>-runtime`, `<rljob>-progress`, `<rljob>-ray-token`
+and `<rljob>-ray`. What the runtime must find in the pods (mounts, environment, Ray resources) is in
+api/contract.py.
 """
 
 from kuberl.api import GROUP, PLURAL, VERSION
@@ -16,6 +18,9 @@ FIELD_MANAGER = OPERATOR_FIELD_MANAGER
 JOB_LABEL = "kuberl.io/job"
 #: Label and annotation on a RayJob: its index; above 0 the runtime resumes from the latest checkpoint.
 RESTART_LABEL = "kuberl.io/restart"
+#: Label of the ConfigMap the runtime reports into (`kuberl.io/component: progress`); the operator watches those.
+COMPONENT_LABEL = "kuberl.io/component"
+PROGRESS_COMPONENT = "progress"
 #: Annotation on children: the RLJob metadata.generation whose spec they were built from.
 GENERATION_ANNOTATION = "kuberl.io/generation"
 RAY_GROUP, RAY_VERSION = "ray.io", "v1"
@@ -47,6 +52,26 @@ def configmap_name(job: str) -> str:
     return f"{job}-spec"
 
 
+def progress_configmap_name(job: str) -> str:
+    """`tiny-grpo` -> `tiny-grpo-progress`: the runtime's report (progress, metrics, last checkpoint)."""
+    return f"{job}-progress"
+
+
+def runtime_account_name(job: str) -> str:
+    """`tiny-grpo` -> `tiny-grpo-runtime`: the ServiceAccount, Role and RoleBinding of the job's pods."""
+    return f"{job}-runtime"
+
+
+def ray_token_secret_name(job: str) -> str:
+    """`tiny-grpo` -> `tiny-grpo-ray-token`: the Ray cluster's authentication token."""
+    return f"{job}-ray-token"
+
+
+def network_policy_name(job: str) -> str:
+    """`tiny-grpo` -> `tiny-grpo-ray`: who may connect to the job's Ray pods."""
+    return f"{job}-ray"
+
+
 def rljob_path(namespace: str, name: str | None = None) -> str:
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
     return base if name is None else f"{base}/{name}"
@@ -64,3 +89,22 @@ def configmap_path(namespace: str, name: str | None = None) -> str:
 
 def events_path(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/events"
+
+
+#: The REST collection of each kind the operator writes: (API prefix, plural).
+COLLECTIONS = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "RayJob": (f"/apis/{RAY_GROUP}/{RAY_VERSION}", "rayjobs"),
+}
+
+
+def object_path(kind: str, namespace: str, name: str | None = None) -> str:
+    """The REST path of a namespaced object the operator writes (or of its collection, without a name)."""
+    prefix, plural = COLLECTIONS[kind]
+    base = f"{prefix}/namespaces/{namespace}/{plural}"
+    return base if name is None else f"{base}/{name}"

@@ -10,6 +10,17 @@ import copy
 from typing import Any, Protocol
 
 GPU_RESOURCE = "nvidia.com/gpu"
+#: Pod Security Standards `restricted` (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
+#: no root, the runtime's default seccomp profile, and per container no privilege escalation and no
+#: capabilities. The runtime images run as uid 10001; an image whose USER is root fails to start (the
+#: kubelet names runAsNonRoot), and a pool's podTemplate may set runAsUser.
+POD_SECURITY_CONTEXT: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 class PodSize(Protocol):

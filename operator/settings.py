@@ -6,21 +6,37 @@
   safety net: RayJob changes, edits and the decisions' own timing (backoff, deadline, TTL) trigger passes.
 - KUBERL_RECONCILE_WORKERS (16): reconcile passes that run at once (threads).
 - KUBERL_HEAD_CPU / KUBERL_HEAD_MEMORY (1 / 4Gi): the Ray head pod (it runs the controller, no GPU).
-- KUBERL_WEBHOOK_HOST (127.0.0.1): the host name the API server reaches the webhook at.
-- KUBERL_WEBHOOK_ADDR (0.0.0.0): the address the webhook listens on.
-- KUBERL_WEBHOOK_SERVICE (none): `namespace/name[:port]`, reach the webhook through this Service instead.
-- KUBERL_WEBHOOK_CERT / KUBERL_WEBHOOK_KEY (self-signed): the webhook's serving certificate and key (PEM).
-- KUBERL_WEBHOOK_CONFIGURATION (kuberl.io): the ValidatingWebhookConfiguration kopf keeps current (its
-  webhook is `validate-rljob.<this>`, which Kubernetes wants to have at least three dot-separated parts);
-  empty: none.
+- KUBERL_RAY_VERSION (2.60.0): the runtime image's Ray version, the RayCluster's rayVersion.
+- KUBERL_KUBERAY_OPERATOR_LABELS (app.kubernetes.io/name=kuberay-operator) / KUBERL_KUBERAY_NAMESPACE (any):
+  KubeRay's operator pods, which each job's NetworkPolicy lets reach the Ray dashboard.
+- KUBERL_WEBHOOK_ADDR (0.0.0.0): the address the webhook listens on (with --webhook-port).
+- KUBERL_WEBHOOK_CERT / KUBERL_WEBHOOK_KEY (required with --webhook-port): the webhook's serving
+  certificate and key (PEM files). The ValidatingWebhookConfiguration is the Helm chart's, not the operator's.
 """
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kuberl import __version__
 from kuberl.api import contract
+from kuberl.operator.access import KubeRayPeer
+from kuberl.operator.builders import DEFAULT_RAY_VERSION
+
+DEFAULT_KUBERAY_LABELS = "app.kubernetes.io/name=kuberay-operator"
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """`a=b,c=d` -> {"a": "b", "c": "d"}; a clear error for anything else."""
+    labels = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise ValueError(
+                f"{contract.KUBERAY_OPERATOR_LABELS_ENV}: {pair!r} is not key=value (e.g. {DEFAULT_KUBERAY_LABELS})"
+            )
+        labels[key] = value
+    return labels
 
 
 def default_runtime_image(version: str = __version__) -> str:
@@ -34,17 +50,16 @@ class OperatorSettings:
     workers: int = 16
     head_cpu: str = "1"
     head_memory: str = "4Gi"
-    #: ServiceAccount of the Ray pods (the runtime patches its RLJob's status as it); None: the namespace's default
-    runtime_service_account: str | None = None
+    #: The Ray version of the runtime image, told to KubeRay (rayVersion; its token authentication needs 2.52+)
+    ray_version: str = DEFAULT_RAY_VERSION
+    #: Where KubeRay's operator runs, for each job's NetworkPolicy (its pods' labels; its namespace, None: any)
+    kuberay: KubeRayPeer = field(default_factory=KubeRayPeer)
     namespaces: tuple[str, ...] = ()
     metrics_port: int | None = None
     webhook_port: int | None = None
-    webhook_host: str = "127.0.0.1"
     webhook_addr: str = "0.0.0.0"
-    webhook_service: str | None = None
     webhook_cert: str | None = None
     webhook_key: str | None = None
-    webhook_configuration: str | None = "kuberl.io"
 
     @classmethod
     def from_env(
@@ -62,14 +77,15 @@ class OperatorSettings:
             workers=int(env.get(contract.RECONCILE_WORKERS_ENV, "16")),
             head_cpu=env.get(contract.HEAD_CPU_ENV, "1"),
             head_memory=env.get(contract.HEAD_MEMORY_ENV, "4Gi"),
-            runtime_service_account=env.get(contract.RUNTIME_SERVICE_ACCOUNT_ENV) or None,
+            ray_version=env.get(contract.RAY_VERSION_ENV) or DEFAULT_RAY_VERSION,
+            kuberay=KubeRayPeer(
+                labels=parse_labels(env.get(contract.KUBERAY_OPERATOR_LABELS_ENV) or DEFAULT_KUBERAY_LABELS),
+                namespace=env.get(contract.KUBERAY_NAMESPACE_ENV) or None,
+            ),
             namespaces=tuple(namespaces or ()),
             metrics_port=metrics_port,
             webhook_port=webhook_port,
-            webhook_host=env.get(contract.WEBHOOK_HOST_ENV, "127.0.0.1"),
             webhook_addr=env.get(contract.WEBHOOK_ADDR_ENV, "0.0.0.0"),
-            webhook_service=env.get(contract.WEBHOOK_SERVICE_ENV) or None,
             webhook_cert=env.get(contract.WEBHOOK_CERT_ENV) or None,
             webhook_key=env.get(contract.WEBHOOK_KEY_ENV) or None,
-            webhook_configuration=env.get(contract.WEBHOOK_CONFIGURATION_ENV, "kuberl.io") or None,
         )

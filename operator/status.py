@@ -13,18 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from kuberl.api.enums import ConditionReason, ConditionStatus, ConditionType, Phase
-
-#: The status fields the operator owns (the runtime owns progress, metrics and lastCheckpoint).
-OPERATOR_FIELDS = (
-    "phase",
-    "conditions",
-    "observedGeneration",
-    "rayJobName",
-    "dashboardUrl",
-    "restarts",
-    "startTime",
-    "completionTime",
-)
+from kuberl.api.status import REPORT_KEY, RuntimeReport
 
 
 class RayJobState(StrEnum):
@@ -65,6 +54,21 @@ def parse_time(text: str | None) -> datetime | None:
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
     except (ValueError, OverflowError):  # OverflowError: an offset that moves year 1 or 9999 out of range
+        return None
+
+
+def read_report(configmap: dict[str, Any] | None) -> RuntimeReport | None:
+    """The runtime's report in its ConfigMap; None when there is none yet or it does not validate.
+
+    The report comes from the job's own pods: only what the models accept is used (numbers in range,
+    known fields), and nothing in it can move a phase, a condition, a name or a time of the operator's.
+    """
+    text = ((configmap or {}).get("data") or {}).get(REPORT_KEY)
+    if not text:
+        return None
+    try:
+        return RuntimeReport.model_validate_json(text)
+    except ValueError:
         return None
 
 
@@ -129,6 +133,11 @@ class OperatorStatus:
     restarts: int = 0
     start_time: str | None = None
     completion_time: str | None = None
+    suspended_seconds: int = 0  # time spent suspended, added up at each resume
+    progress: dict[str, Any] | None = None  # from the runtime's report (validated: read_report)
+    metrics: dict[str, Any] | None = None
+    validation: dict[str, Any] | None = None
+    last_checkpoint: dict[str, Any] | None = None
 
     @classmethod
     def from_status(cls, status: dict[str, Any] | None) -> "OperatorStatus":
@@ -143,6 +152,11 @@ class OperatorStatus:
             restarts=int(status.get("restarts") or 0),
             start_time=status.get("startTime"),
             completion_time=status.get("completionTime"),
+            suspended_seconds=int(status.get("suspendedSeconds") or 0),
+            progress=status.get("progress"),
+            metrics=status.get("metrics"),
+            validation=status.get("validation"),
+            last_checkpoint=status.get("lastCheckpoint"),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -156,8 +170,25 @@ class OperatorStatus:
             "restarts": self.restarts,
             "startTime": self.start_time,
             "completionTime": self.completion_time,
+            "suspendedSeconds": self.suspended_seconds or None,
+            "progress": self.progress,
+            "metrics": self.metrics,
+            "validation": self.validation,
+            "lastCheckpoint": self.last_checkpoint,
         }
         return {key: value for key, value in full.items() if value is not None}
+
+    def with_report(self, report: RuntimeReport) -> "OperatorStatus":
+        """The runtime's progress, metrics, validation and last checkpoint, validated; the rest stays the operator's."""
+        checkpoint = report.last_checkpoint.to_manifest() if report.last_checkpoint is not None else None
+        validation = report.validation.to_manifest() if report.validation is not None else None
+        return replace(
+            self,
+            progress=report.progress.to_manifest(),
+            metrics=report.metrics.to_manifest(),
+            validation=validation or self.validation,
+            last_checkpoint=checkpoint or self.last_checkpoint,
+        )
 
     def with_condition(
         self, kind: ConditionType, status: bool, reason: ConditionReason, message: str, now: datetime

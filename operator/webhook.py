@@ -2,21 +2,25 @@
 
 It runs the same pydantic validation as `kuberl validate` (`kuberl.api.parse_rljob`), so the
 cross-field rules the CRD schema cannot express (gae needs a critic, minReplicas <= maxReplicas,
-credentials in env ...) are refused at the door. The serving certificate comes from files
-(KUBERL_WEBHOOK_CERT/KEY, e.g. from cert-manager) or is self-signed at start-up; kopf keeps the
-ValidatingWebhookConfiguration (KUBERL_WEBHOOK_CONFIGURATION) pointing at it with that CA.
+credentials in env ...) are refused at the door. The operator only serves it: the
+ValidatingWebhookConfiguration that sends RLJob reviews here is templated by the Helm chart
+(charts/kuberl/templates/webhook.yaml), with the CA of the serving certificate the chart (or
+cert-manager) puts in a Secret. The operator's account holds no admissionregistration permission, and
+the configuration outlives operator restarts: while the operator is down, RLJob writes are refused
+(failurePolicy Fail), never let through unvalidated.
 """
 
-import datetime
-import ipaddress
-from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import kopf
 
 from kuberl.api import GROUP, PLURAL, VERSION, ManifestError, Problem, parse_rljob
+from kuberl.operator.settings import OperatorSettings
 
+#: The handler's id, which kopf serves at the path `/<id>`: the configuration's `clientConfig.service.path`.
 WEBHOOK_ID = "validate-rljob"
+#: How often kopf checks the certificate files for a renewal.
+CERTIFICATE_CHECK_SECONDS = 10.0
 
 
 def problems_of(body: dict[str, Any]) -> list[Problem]:
@@ -44,89 +48,21 @@ def register(registry: kopf.OperatorRegistry) -> None:
             raise kopf.AdmissionError(admission_message(problems), code=422)
 
 
-def self_signed_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
-    """A self-signed CA certificate (PEM) and its EC key for `hostnames` (DNS names and IPs as SANs).
+def server(settings: OperatorSettings) -> kopf.WebhookServer:
+    """kopf's HTTPS server for the webhook, with the certificate from files (templates/webhook.yaml mounts them).
 
-    kopf's own generator needs `certbuilder`; this one uses `cryptography`.
+    kopf re-reads the files when their content changes (every `file_check_interval` seconds) and restarts
+    the listener with the new pair, so a renewed certificate (cert-manager) is served without a restart.
     """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    sans: list[x509.GeneralName] = []
-    dns = []
-    for hostname in hostnames:
-        try:
-            address = ipaddress.ip_address(hostname)
-        except ValueError:
-            dns.append(hostname)
-            sans.append(x509.DNSName(hostname))
-        else:
-            if not address.is_unspecified:
-                sans.append(x509.IPAddress(address))
-    common_name = dns[0] if dns else next(h for h in hostnames if not ipaddress.ip_address(h).is_unspecified)
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_encipherment=False,
-                content_commitment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
+    if not (settings.webhook_cert and settings.webhook_key):
+        raise ValueError(
+            "the webhook needs its serving certificate: set KUBERL_WEBHOOK_CERT and KUBERL_WEBHOOK_KEY to PEM files "
+            "(the Helm chart mounts them), or run without --webhook-port"
         )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(key, hashes.SHA256())
+    return kopf.WebhookServer(
+        addr=settings.webhook_addr,
+        port=settings.webhook_port,
+        certfile=settings.webhook_cert,
+        pkeyfile=settings.webhook_key,
+        file_check_interval=CERTIFICATE_CHECK_SECONDS,
     )
-    encryption: serialization.KeySerializationEncryption = (
-        serialization.BestAvailableEncryption(password.encode()) if password else serialization.NoEncryption()
-    )
-    pem_key = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
-    return certificate.public_bytes(serialization.Encoding.PEM), pem_key
-
-
-class WebhookServer(kopf.WebhookServer):
-    """kopf's HTTPS webhook server with a `cryptography` self-signed certificate, and optionally a Service.
-
-    `service` ("namespace/name[:port]") makes the API server reach the webhook through that Service
-    (the usual in-cluster set-up) instead of the URL `https://<host>:<port>`.
-    """
-
-    def __init__(self, *, service: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.service = service
-
-    @staticmethod
-    def build_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
-        return self_signed_certificate(hostnames, password)
-
-    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
-        async for client_config in super().__call__(fn):
-            if self.service is None:
-                yield client_config
-                continue
-            namespace, _, rest = self.service.partition("/")
-            name, _, port = rest.partition(":")
-            service: dict[str, Any] = {"namespace": namespace, "name": name, "port": int(port or 443)}
-            config: dict[str, Any] = {"service": service}
-            if "caBundle" in client_config:
-                config["caBundle"] = client_config["caBundle"]
-            yield config

@@ -1,19 +1,20 @@
-"""The runtime's progress on the RLJob itself: status.progress, .metrics, .validation and .lastCheckpoint.
+"""The runtime's report of its progress, metrics, validation scores and last checkpoint, shown in the RLJob's status.
 
-Inside a Kubernetes pod (the operator sets the job's name and namespace in the environment,
-api/contract.py; the pod's service account token is mounted) the publisher PATCHes the RLJob's status
-subresource with server-side apply under the runtime's field manager, which owns only those fields:
-the operator's manager owns phase, conditions and restarts, and neither overwrites the other.
-Anywhere else (`kuberl run` on a laptop, tests) it is a no-op.
+Inside the head pod of a job (the operator sets the job's name, namespace and report ConfigMap in the
+environment, api/contract.py, and mounts the job's ServiceAccount token there only) the publisher
+writes a `RuntimeReport` as JSON into the job's ConfigMap `<job>-progress` (server-side apply, the
+runtime's field manager). That ConfigMap is the one object the job's ServiceAccount may write: it cannot touch
+any RLJob, nor another job's report. The operator validates the report and copies it into
+status.progress, .metrics, .validation and .lastCheckpoint. Anywhere else (`kuberl run` on a laptop,
+tests) the publisher is a no-op.
+
+JSON has no NaN or Infinity, and the operator would have to refuse a report holding them. A metric that
+is not a finite number is left out of the report's metrics; metrics.jsonl records it as it was.
 
 Standard library only (urllib + ssl): the runtime image does not carry the kubernetes client.
 Requests go out from a background thread, at most one every `min_interval` seconds with the
 newest values (older unsent ones are dropped), so a slow or absent API server never slows a
 training step; failures are logged, at most once a minute, and never raised.
-
-JSON has no NaN or Infinity, and the API server refuses a body that holds them (the whole patch, progress
-and lastCheckpoint included). A metric that is not a finite number is left out of status.metrics (server-
-side apply then removes the field this manager set before); metrics.jsonl records it as it was.
 """
 
 import json
@@ -30,8 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kuberl.api import GROUP, KIND, PLURAL, VERSION, contract
-from kuberl.api.status import CheckpointRef, Metrics, Progress, Validation
+from kuberl.api import contract
+from kuberl.api.status import REPORT_KEY, Metrics, RuntimeReport
 from kuberl.runtime import metrics as step_metrics
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ STATUS_METRICS = {
 
 
 def status_metrics(metrics: Mapping[str, float]) -> dict[str, Any]:
-    """The headline metrics of a step, keyed as status.metrics wants them.
+    """The headline metrics of a step, keyed as status.metrics wants them; non-finite ones left out.
 
     >>> status_metrics({"reward/mean": 0.5, "kl/mean": 0.01, "time/step": 3.0})
     {'rewardMean': 0.5, 'kl': 0.01}
@@ -67,31 +68,33 @@ def status_metrics(metrics: Mapping[str, float]) -> dict[str, Any]:
 
 
 def apply_patch(
-    name: str,
+    configmap: str,
     namespace: str,
     progress: Mapping[str, Any],
     metrics: Mapping[str, Any],
     last_checkpoint: Mapping[str, Any] | None,
     validation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The server-side-apply body: the RLJob's identity and only the status fields the runtime owns.
+    """The server-side-apply body: the report ConfigMap's identity and the report, as JSON under REPORT_KEY.
 
     The dicts may use camelCase (as in the CRD) or snake_case (as in api/status.py); they are
     validated by the api models, so a typo fails here and not as a silently dropped field.
     """
-    status: dict[str, Any] = {
-        "progress": Progress.model_validate(_finite(progress)).to_manifest(),
-        "metrics": Metrics.model_validate(_finite(metrics)).to_manifest(),
-    }
-    if last_checkpoint is not None:
-        status["lastCheckpoint"] = CheckpointRef.model_validate(dict(last_checkpoint)).to_manifest()
-    if validation is not None and len(_finite(validation)) == len(validation):  # else the last one stays
-        status["validation"] = Validation.model_validate(dict(validation)).to_manifest()
+    if validation is not None and len(_finite(validation)) < len(validation):
+        validation = None  # the last finite scores stay in the status
+    report = RuntimeReport.model_validate(
+        {
+            "progress": _finite(progress),
+            "metrics": _finite(metrics),
+            "last_checkpoint": last_checkpoint,
+            "validation": validation,
+        }
+    )
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "metadata": {"name": name, "namespace": namespace},
-        "status": status,
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": configmap, "namespace": namespace},
+        "data": {REPORT_KEY: json.dumps(report.to_manifest(), sort_keys=True)},
     }
 
 
@@ -100,15 +103,16 @@ def _finite(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if not (isinstance(v, float) and not math.isfinite(v))}
 
 
-def status_url(base_url: str, name: str, namespace: str) -> str:
+def report_url(base_url: str, configmap: str, namespace: str) -> str:
     query = urllib.parse.urlencode({"fieldManager": contract.RUNTIME_FIELD_MANAGER, "force": "true"})
-    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
-    return f"{base_url.rstrip('/')}{path}?{query}"
+    return f"{base_url.rstrip('/')}/api/v1/namespaces/{namespace}/configmaps/{configmap}?{query}"
 
 
-def job_identity(env: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """The RLJob (name, namespace) the operator named in the pod's environment; None where it is not set."""
-    return env.get(contract.JOB_NAME_ENV) or None, env.get(contract.JOB_NAMESPACE_ENV) or None
+def report_target(env: Mapping[str, str]) -> tuple[str | None, str | None, str | None]:
+    """(job name, namespace, report ConfigMap) as the operator set them in the pod; None where not set."""
+    names = (contract.JOB_NAME_ENV, contract.JOB_NAMESPACE_ENV, contract.STATUS_CONFIGMAP_ENV)
+    name, namespace, configmap = (env.get(variable) or None for variable in names)
+    return name, namespace, configmap
 
 
 class StatusPublisher:
@@ -130,20 +134,20 @@ class StatusPublisher:
     def from_environment(
         env: Mapping[str, str] | None = None, service_account_dir: Path = SERVICE_ACCOUNT_DIR
     ) -> "StatusPublisher":
-        """A KubernetesStatusPublisher inside an operator-started pod, else the no-op publisher."""
+        """A KubernetesStatusPublisher in the head pod of an operator-started job, else the no-op publisher."""
         env = os.environ if env is None else env
-        name, namespace = job_identity(env)
+        name, namespace, configmap = report_target(env)
         host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
         token, authority = service_account_dir / "token", service_account_dir / "ca.crt"
-        if not (name and namespace and host and token.is_file() and authority.is_file()):
+        if not (name and namespace and configmap and host and token.is_file() and authority.is_file()):
             return StatusPublisher()
         host = f"[{host}]" if ":" in host else host  # IPv6 service address
         context = ssl.create_default_context(cafile=str(authority))
-        return KubernetesStatusPublisher(name, namespace, f"https://{host}:{port}", token, context)
+        return KubernetesStatusPublisher(name, namespace, f"https://{host}:{port}", token, context, configmap=configmap)
 
 
 class KubernetesStatusPublisher(StatusPublisher):
-    """Applies status.progress/metrics/lastCheckpoint of one RLJob from a background thread."""
+    """Applies one job's report to its ConfigMap (`configmap`, default `<name>-progress`) from a background thread."""
 
     def __init__(
         self,
@@ -152,12 +156,14 @@ class KubernetesStatusPublisher(StatusPublisher):
         base_url: str,
         token_file: Path | None,
         ssl_context: ssl.SSLContext | None,
+        configmap: str | None = None,
         min_interval: float = 5.0,
         log_interval: float = 60.0,
         request_timeout: float = 10.0,
     ) -> None:
         self.name, self.namespace = name, namespace
-        self.url = status_url(base_url, name, namespace)
+        self.configmap = configmap or f"{name}-progress"
+        self.url = report_url(base_url, self.configmap, namespace)
         self.token_file = token_file
         self.ssl_context = ssl_context
         self.min_interval, self.log_interval, self.request_timeout = min_interval, log_interval, request_timeout
@@ -181,7 +187,7 @@ class KubernetesStatusPublisher(StatusPublisher):
         # the latest scores go with every apply: a field the manager stops sending is removed
         self._validation = validation if validation is not None else self._validation
         try:
-            body = apply_patch(self.name, self.namespace, progress, metrics, last_checkpoint, self._validation)
+            body = apply_patch(self.configmap, self.namespace, progress, metrics, last_checkpoint, self._validation)
         except ValueError as error:  # a caller's bug, reported like a failed request: training goes on
             self._report_failure(f"invalid status values: {error}")
             return

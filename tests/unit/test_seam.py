@@ -28,13 +28,13 @@ from kuberl.api import RLJob, parse_rljob
 from kuberl.api.contract import RUNTIME_PROGRAM, RuntimeArgs
 from kuberl.api.spec import CheckpointSpec
 from kuberl.api.topology import Topology
-from kuberl.operator import builders
+from kuberl.operator import access, builders
 from kuberl.operator.settings import OperatorSettings
 from kuberl.runtime import main as runtime_main
 from kuberl.runtime import plan as runtime_plan
 from kuberl.runtime.checkpoint.policy import Start, start_from
 from kuberl.runtime.driver import checkpoint_uri
-from kuberl.runtime.status_publisher import job_identity
+from kuberl.runtime.status_publisher import report_target
 from kuberl.runtime.workers.group import ray_actor_options
 from tests.conftest import REPO
 
@@ -51,6 +51,7 @@ class Made:
     rljob: dict[str, Any]
     configmap: dict[str, Any]
     rayjob: dict[str, Any]
+    access: list[dict[str, Any]]  # the job's identity, its report ConfigMap, its Ray token, its NetworkPolicy
 
 
 def operator_makes(example: Path, index: int = 0) -> Made:
@@ -68,7 +69,7 @@ def operator_makes(example: Path, index: int = 0) -> Made:
         head_cpu=SETTINGS.head_cpu,
         head_memory=SETTINGS.head_memory,
     )
-    return Made(manifest, configmap, rayjob)
+    return Made(manifest, configmap, rayjob, access.build_access(owner, SETTINGS.kuberay))
 
 
 def head_spec(rayjob: dict[str, Any]) -> dict[str, Any]:
@@ -188,7 +189,24 @@ def test_the_runtime_reads_its_job_and_identity_from_the_pod(example: Path):
     seen = runtime_sees(made)
     assert seen.job.spec == parse_rljob(made.rljob).spec
     meta = made.rljob["metadata"]
-    assert job_identity(seen.env) == (meta["name"], meta["namespace"])
+    made_configmaps = [o["metadata"]["name"] for o in made.access if o["kind"] == "ConfigMap"]
+    assert report_target(seen.env) == (meta["name"], meta["namespace"], *made_configmaps)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_the_head_may_write_its_report_and_nothing_else_and_only_the_head_holds_a_token(example: Path):
+    made = operator_makes(example)
+    _, namespace, report = report_target(runtime_sees(made).env)
+    head = head_spec(made.rayjob)["template"]["spec"]
+    account = head["serviceAccountName"]
+    kinds = {o["kind"]: o for o in made.access if o["metadata"]["name"] == account}
+    assert kinds["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+    assert kinds["RoleBinding"]["roleRef"]["name"] == kinds["Role"]["metadata"]["name"]
+    only_rule = {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [report], "verbs": ["patch"]}
+    assert kinds["Role"]["rules"] == [only_rule]
+    assert head["automountServiceAccountToken"] is True
+    for group in worker_specs(made.rayjob):  # reward code runs there
+        assert group["template"]["spec"]["automountServiceAccountToken"] is False
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)

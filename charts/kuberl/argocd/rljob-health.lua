@@ -7,6 +7,8 @@
 --   no status yet, or a status older than the spec (observedGeneration < generation) -> Progressing
 --   a refused spec change (condition SpecChangeRefused=True) on a job still going -> Degraded: the
 --     commit in git will not take effect until it is reverted or the job is recreated.
+--   nothing can start (condition Created=False: an invalid spec, a child the API server refuses,
+--     KubeRay missing) -> Degraded, not Progressing forever: it needs a fix, not time.
 local health = {}
 
 local function condition(status, kind)
@@ -52,6 +54,13 @@ end
 if phase == "Failed" then
   health.status = "Degraded"
   health.message = message_for(status, "Failed", "The job failed")
+  return health
+end
+
+local created = condition(status, "Created")
+if created ~= nil and created.status == "False" and phase ~= "Suspended" then
+  health.status = "Degraded"
+  health.message = "Cannot start (" .. tostring(created.reason) .. "): " .. (created.message or "")
   return health
 end
 

@@ -57,12 +57,16 @@ app.kubernetes.io/component: operator
 {{- printf "%s-webhook" (include "kuberl.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "kuberl.webhookSecretName" -}}
+{{- printf "%s-webhook-tls" (include "kuberl.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "kuberl.metricsServiceName" -}}
 {{- printf "%s-metrics" (include "kuberl.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "kuberl.webhookConfigurationName" -}}
-{{- default (printf "%s.%s.kuberl.io" (include "kuberl.fullname" .) .Release.Namespace) .Values.webhook.configurationName }}
+{{- default (compact (list (include "kuberl.fullname" .) .Release.Namespace "kuberl.io") | join ".") .Values.webhook.configurationName }}
 {{- end }}
 
 {{- define "kuberl.checkScope" -}}
@@ -80,13 +84,11 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* The namespaces that get the runtime's ServiceAccount and RoleBinding (JSON list). */}}
-{{- define "kuberl.runtimeNamespaces" -}}
-{{- if .Values.runtime.namespaces }}
-{{- toJson (uniq .Values.runtime.namespaces) }}
-{{- else if eq .Values.rbac.scope "namespace" }}
-{{- include "kuberl.watchNamespaces" . }}
-{{- else }}
-{{- toJson (list .Release.Namespace) }}
+{{/* A label map as `key=value,key=value` (sorted), the form KUBERL_KUBERAY_OPERATOR_LABELS takes. */}}
+{{- define "kuberl.labelList" -}}
+{{- $pairs := list }}
+{{- range $key, $value := . }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
 {{- end }}
+{{- join "," $pairs }}
 {{- end }}

@@ -8,7 +8,7 @@ checks `create` as well as `patch`: hence create+patch on what the operator appl
 
 {{- define "kuberl.namespacedRules" -}}
 # ---- framework (kopf) ----
-# The watch stream of RLJobs, and kopf's bookkeeping annotations on them (kuberl.io/...).
+# The watch stream of RLJobs; patch only to remove the finalizer kuberl versions before 0.2 put on them.
 - apiGroups: ["kuberl.io"]
   resources: ["rljobs"]
   verbs: ["list", "watch", "patch"]
@@ -29,15 +29,35 @@ checks `create` as well as `patch`: hence create+patch on what the operator appl
 - apiGroups: ["kuberl.io"]
   resources: ["rljobs/status"]
   verbs: ["patch"]
-# The job's RayJobs: listed by label, applied (server-side apply creates), deleted on restart and suspend.
-# KubeRay, not kuberl, creates the pods; kuberl never touches pods, services or secrets.
+# The job's RayJobs: listed by label, created (never changed: a RayJob of the name that is not the job's is
+# never taken over), deleted on restart and suspend. KubeRay, not kuberl, creates the pods; kuberl never
+# touches pods or services.
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
-  verbs: ["list", "create", "patch", "delete"]
-# The job's spec ConfigMap `<rljob>-spec`, mounted in every Ray pod (server-side apply creates).
+  verbs: ["list", "create", "delete"]
+# The job's ConfigMaps: `<rljob>-spec`, mounted in every Ray pod, and `<rljob>-progress`, where the runtime
+# reports (server-side apply creates). list/watch: the reports, selected by label kuberl.io/component=progress.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Each job's own identity, ServiceAccount + Role + RoleBinding `<rljob>-runtime`: the Role lets it patch its
+# `<rljob>-progress` ConfigMap and nothing else. Created once, never changed. The API server lets the operator
+# grant only what it holds itself (RBAC escalation prevention); it has neither `bind` nor `escalate`.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["create"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create"]
+# Each job's Ray token `<rljob>-ray-token`, a fresh random one, created once. Create only: the operator
+# can read, list or change no Secret, its own included.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+# Each job's NetworkPolicy `<rljob>-ray`: only the job's pods and KubeRay's operator reach its Ray pods.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create"]
 {{- end }}
 {{- define "kuberl.clusterRules" -}}
 # ---- framework (kopf), cluster-scoped ----
@@ -51,17 +71,5 @@ checks `create` as well as `patch`: hence create+patch on what the operator appl
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
-{{- end }}
-{{- if .Values.webhook.enabled }}
-# The admission webhook configuration kopf keeps current (created if absent, then patched with the
-# service and CA bundle). kopf manages the mutating kind beside the validating one (it stays empty).
-# `create` cannot be limited by name in RBAC; `patch` is limited to the one configuration.
-- apiGroups: ["admissionregistration.k8s.io"]
-  resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
-  verbs: ["create"]
-- apiGroups: ["admissionregistration.k8s.io"]
-  resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
-  resourceNames: [{{ include "kuberl.webhookConfigurationName" . | quote }}]
-  verbs: ["patch"]
 {{- end }}
 {{- end }}

@@ -2,18 +2,25 @@
 
 `installation` (module-scoped, once per `rbac.scope`) does what `helm install` does: the chart's CRDs
 from crds/, then every object Helm renders from the templates (helm-python-sdk: Helm's own engine),
-applied with the kubernetes client as the cluster admin. It then asks the API server for real
-ServiceAccount tokens (TokenRequest, what the kubelet mounts into a pod) for the operator and the
-runtime, and runs the operator in-process (as tests/integration/operator/conftest.py does) with the
-rendered Deployment's command line and environment, authenticated with the operator's token alone.
-Only the webhook's address differs: loopback instead of the Service, which has no pods here.
+applied with the kubernetes client as the cluster admin. It then asks the API server for a real
+ServiceAccount token (TokenRequest, what the kubelet mounts into a pod) for the operator (the tests
+ask for each job's own runtime token the same way), and runs the operator in-process (as
+tests/integration/operator/conftest.py does) with the rendered Deployment's command line and
+environment, authenticated with the operator's token alone,
+serving the webhook with the certificate from the chart's Secret (written to files, as the kubelet
+mounts it). The API server reaches the webhook through the chart's own ValidatingWebhookConfiguration
+and Service: an Endpoints object (the endpoints controller's job, which does not run here) points the
+Service at this machine's address, and the API server routes to it (--enable-aggregator-routing),
+verifying the certificate for the Service's DNS name as it would in a cluster.
 
 Its namespaces are `chart-*`, never `op-*`: the operator tests' own operator watches those.
 """
 
 import asyncio
+import base64
 import logging
 import secrets
+import socket
 import threading
 import urllib.error
 from collections.abc import Iterator
@@ -48,10 +55,49 @@ class Installation:
     webhook_configuration: str
     service_account: str
     operator_token: str
-    runtime_token: str
-    runtime_token_file: Path
-    operator: Operator
+    folder: Path
+    running: "RunningOperator"
     logs: list[logging.LogRecord] = field(default_factory=list)
+
+    @property
+    def operator(self) -> Operator:
+        assert self.running.operator is not None, "the operator is stopped"
+        return self.running.operator
+
+
+class RunningOperator:
+    """The operator in a thread of its own, as the Deployment's pod would run it; stop() and start() again."""
+
+    def __init__(self, settings: OperatorSettings, kubeconfig: Path, name: str) -> None:
+        self.settings, self.kubeconfig, self.name = settings, kubeconfig, name
+        self.operator: Operator | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._environment = pytest.MonkeyPatch()
+
+    def start(self) -> None:
+        # The operator reads its credentials as in a pod, from KUBECONFIG: the ServiceAccount's, while it runs
+        # (kopf logs in from its own thread after the start).
+        self._environment = pytest.MonkeyPatch()
+        self._environment.setenv("KUBECONFIG", str(self.kubeconfig))
+        built = self.operator = build_operator(self.settings)
+        self._stop, ready = threading.Event(), threading.Event()
+        stop = self._stop
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(serve(built, stop_flag=stop, ready_flag=ready)), name=self.name, daemon=True
+        )
+        self._thread.start()
+        assert ready.wait(30), "the operator did not start"
+
+    def stop(self) -> None:
+        """A clean shutdown (what SIGTERM does to the pod)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        if self.operator is not None:
+            self.operator.close()
+        self.operator, self._thread = None, None
+        self._environment.undo()
 
 
 class Collect(logging.Handler):
@@ -105,8 +151,26 @@ def create_namespace(cp: ControlPlane, name: str) -> None:
     cp.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
 
-def operator_settings(objects: list[dict[str, Any]]) -> OperatorSettings:
-    """The settings `kuberl operator` builds from the rendered container, with the webhook on loopback."""
+def this_machines_address() -> str:
+    """A non-loopback IPv4 address of this machine: Endpoints may not point at 127.0.0.0/8."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+        address = str(probe.getsockname()[0])
+    if address.startswith("127."):
+        pytest.skip("this machine has no non-loopback IPv4 address for the webhook's Endpoints")
+    return address
+
+
+def mount_secret(secret: dict[str, Any], folder: Path) -> Path:
+    """The Secret's keys as files, as the kubelet mounts a Secret volume."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, value in secret["data"].items():
+        (folder / key).write_bytes(base64.b64decode(value))
+    return folder
+
+
+def operator_settings(objects: list[dict[str, Any]], tls: Path, address: str) -> OperatorSettings:
+    """The settings `kuberl operator` builds from the rendered container; the certificate files are under `tls`."""
     container = operator_container(objects)
     args = build_parser().parse_args(["operator", *container["args"]])
     rendered = OperatorSettings.from_env(
@@ -116,39 +180,64 @@ def operator_settings(objects: list[dict[str, Any]]) -> OperatorSettings:
         webhook_port=args.webhook_port,
     )
     assert rendered.webhook_port is not None, "the chart's default values serve the webhook"
+    assert rendered.webhook_cert is not None and rendered.webhook_key is not None
     return replace(
         rendered,
         resync_seconds=1.0,
         workers=4,
         metrics_port=free_port(),
         webhook_port=free_port(),
-        webhook_host="127.0.0.1",
-        webhook_addr="127.0.0.1",
-        webhook_service=None,
+        webhook_addr=address,
+        webhook_cert=str(tls / Path(rendered.webhook_cert).name),
+        webhook_key=str(tls / Path(rendered.webhook_key).name),
     )
 
 
-def webhook_registered(cp: ControlPlane, name: str) -> bool:
-    path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
+def route_service_here(cp: ControlPlane, service: dict[str, Any], address: str, port: int) -> None:
+    """The Endpoints of `service`: this machine's address and the port the operator's webhook listens on."""
+    meta = service["metadata"]
+    (service_port,) = service["spec"]["ports"]
+    endpoints = {
+        "apiVersion": "v1",
+        "kind": "Endpoints",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "subsets": [{"addresses": [{"ip": address}], "ports": [{"name": service_port["name"], "port": port}]}],
+    }
+    cp.request("POST", f"/api/v1/namespaces/{meta['namespace']}/endpoints", endpoints)
+
+
+def webhook_answers(cp: ControlPlane, namespace: str) -> bool:
+    """A dry-run create of an RLJob the schema accepts and the webhook refuses comes back with the webhook's words."""
+    manifest = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "probe"},
+        "spec": {
+            "models": {"actor": {"path": "tiny://demo"}},
+            "data": {"train": "/data/train.jsonl"},
+            "reward": {"function": "tiny_task"},
+            "algorithm": {"advantageEstimator": "gae"},
+        },
+    }
     try:
-        return bool(cp.request("GET", path).get("webhooks"))
-    except urllib.error.HTTPError:
-        return False
+        cp.request("POST", f"/apis/kuberl.io/v1alpha1/namespaces/{namespace}/rljobs?dryRun=All", manifest)
+    except urllib.error.HTTPError as error:
+        return "spec.models.critic" in error.read().decode()
+    return False
 
 
-def uninstall(cp: ControlPlane, objects: list[dict[str, Any]], namespaces: list[str], webhook: str) -> None:
+CLUSTER_SCOPED = {
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+}
+
+
+def uninstall(cp: ControlPlane, objects: list[dict[str, Any]], namespaces: list[str]) -> None:
     """Remove what the install made cluster-wide; the namespaces take the rest with them."""
     paths = [
-        f"/apis/admissionregistration.k8s.io/v1/{kind}/{webhook}"
-        for kind in (
-            "validatingwebhookconfigurations",
-            "mutatingwebhookconfigurations",
-        )
+        f"{CLUSTER_SCOPED[obj['kind']]}/{obj['metadata']['name']}" for obj in objects if obj["kind"] in CLUSTER_SCOPED
     ]
-    for obj in objects:
-        if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-            plural = "clusterroles" if obj["kind"] == "ClusterRole" else "clusterrolebindings"
-            paths.append(f"/apis/rbac.authorization.k8s.io/v1/{plural}/{obj['metadata']['name']}")
     paths += [f"/api/v1/namespaces/{namespace}" for namespace in namespaces]
     for path in paths:
         try:
@@ -174,60 +263,48 @@ def installation(
         "runtime": {"namespaces": [jobs_namespace]},
     }
     objects = render(values, name=RELEASE, namespace=release_namespace)
-    settings = operator_settings(objects)
-    webhook = settings.webhook_configuration or ""
+    folder = tmp_path_factory.mktemp(f"chart-{scope}")
+    address = this_machines_address()
+    settings = operator_settings(objects, mount_secret(one(objects, "Secret"), folder / "webhook-tls"), address)
+    webhook = one(objects, "ValidatingWebhookConfiguration")["metadata"]["name"]
     for namespace in (release_namespace, jobs_namespace):
         create_namespace(control_plane, namespace)
     client = admin_client(control_plane)
+    logs: list[logging.LogRecord] = []
+    handler = Collect(logs)
     try:
         helm_install_crds(client, chart_crds())
         helm_apply(client, objects)
+        assert settings.webhook_port is not None
+        route_service_here(control_plane, one(objects, "Service", f"{RELEASE}-webhook"), address, settings.webhook_port)
         service_account = one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
         operator_token = service_account_token(control_plane, release_namespace, service_account)
-        runtime_token = service_account_token(control_plane, jobs_namespace, "kuberl-runtime")
-        folder = tmp_path_factory.mktemp(f"chart-{scope}")
         kubeconfig = folder / "kubeconfig"
         kubeconfig.write_text(
             yaml.safe_dump(kubeconfig_for(control_plane.server, operator_token, control_plane.ca_file))
         )
-        (folder / "runtime-token").write_text(runtime_token)
-        logs: list[logging.LogRecord] = []
-        handler = Collect(logs)
         for name in ("kopf", "kuberl"):
             logging.getLogger(name).addHandler(handler)
-        with pytest.MonkeyPatch.context() as patch:
-            # The operator reads its credentials as in a pod: from KUBECONFIG, now the ServiceAccount's.
-            patch.setenv("KUBECONFIG", str(kubeconfig))
-            built = build_operator(settings)
-            stop, ready = threading.Event(), threading.Event()
-            thread = threading.Thread(
-                target=lambda: asyncio.run(serve(built, stop_flag=stop, ready_flag=ready)),
-                name=f"chart-operator-{scope}",
-                daemon=True,
+        running = RunningOperator(settings, kubeconfig, f"chart-operator-{scope}")
+        running.start()
+        try:
+            wait_until(lambda: webhook_answers(control_plane, jobs_namespace), timeout=30, what=f"webhook {webhook}")
+            yield Installation(
+                scope=scope,
+                release_namespace=release_namespace,
+                jobs_namespace=jobs_namespace,
+                objects=objects,
+                settings=settings,
+                webhook_configuration=webhook,
+                service_account=service_account,
+                operator_token=operator_token,
+                folder=folder,
+                running=running,
+                logs=logs,
             )
-            thread.start()
-            try:
-                assert ready.wait(30), "the operator did not start"
-                wait_until(lambda: webhook_registered(control_plane, webhook), timeout=30, what=f"webhook {webhook}")
-                yield Installation(
-                    scope=scope,
-                    release_namespace=release_namespace,
-                    jobs_namespace=jobs_namespace,
-                    objects=objects,
-                    settings=settings,
-                    webhook_configuration=webhook,
-                    service_account=service_account,
-                    operator_token=operator_token,
-                    runtime_token=runtime_token,
-                    runtime_token_file=folder / "runtime-token",
-                    operator=built,
-                    logs=logs,
-                )
-            finally:
-                stop.set()
-                thread.join(30)
-                built.close()
-                for name in ("kopf", "kuberl"):
-                    logging.getLogger(name).removeHandler(handler)
+        finally:
+            running.stop()
     finally:
-        uninstall(control_plane, objects, [release_namespace, jobs_namespace], webhook)
+        for name in ("kopf", "kuberl"):
+            logging.getLogger(name).removeHandler(handler)
+        uninstall(control_plane, objects, [release_namespace, jobs_namespace])

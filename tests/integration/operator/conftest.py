@@ -2,14 +2,18 @@
 
 `operator` runs one in-process operator for the session (kopf.operator in a thread with its own
 event loop and a stop flag): it watches the `op-*` namespaces the `namespace` fixture hands out,
-resyncs every second, serves the validating webhook on a loopback port and metrics on another.
+resyncs every second, serves the validating webhook on a loopback port and metrics on another. The
+ValidatingWebhookConfiguration that points the API server at it is created here, as the Helm chart
+would (with a URL instead of the chart's Service, which has no pods here).
 The chaos test runs its own operator as a subprocess in a `chaos-*` namespace instead.
 """
 
 import asyncio
+import base64
 import json
 import threading
 import time
+import urllib.error
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,11 +24,15 @@ from kuberl.operator import names
 from kuberl.operator.kube import Kube
 from kuberl.operator.main import Operator, build_operator, serve
 from kuberl.operator.settings import OperatorSettings
+from kuberl.operator.webhook import WEBHOOK_ID
+from tests.integration.certs import write_certificate
 from tests.integration.envtest import ControlPlane, control_plane, free_port, namespace  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
 RUNTIME_IMAGE = "registry.test/kuberl-runtime:test"
+WEBHOOK_NAME = "test.kuberl.io"
+WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
 
 @dataclass
@@ -43,7 +51,11 @@ def kube(control_plane: ControlPlane) -> Iterator[Kube]:  # noqa: F811 - the fix
 
 
 @pytest.fixture(scope="session")
-def operator(control_plane: ControlPlane) -> Iterator[RunningOperator]:  # noqa: F811
+def operator(
+    control_plane: ControlPlane,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RunningOperator]:
+    certificate, key, authority = write_certificate(tmp_path_factory.mktemp("webhook-tls"), ["127.0.0.1"])
     settings = OperatorSettings(
         runtime_image=RUNTIME_IMAGE,
         resync_seconds=1.0,
@@ -51,9 +63,9 @@ def operator(control_plane: ControlPlane) -> Iterator[RunningOperator]:  # noqa:
         namespaces=("op-*",),
         metrics_port=free_port(),
         webhook_port=free_port(),
-        webhook_host="127.0.0.1",
         webhook_addr="127.0.0.1",
-        webhook_configuration="test.kuberl.io",
+        webhook_cert=str(certificate),
+        webhook_key=str(key),
     )
     built = build_operator(settings)
     metrics_server = built.metrics.serve(settings.metrics_port or 0, addr="127.0.0.1")
@@ -63,20 +75,52 @@ def operator(control_plane: ControlPlane) -> Iterator[RunningOperator]:  # noqa:
     )
     thread.start()
     assert ready.wait(30), "the operator did not start"
-    wait_for(lambda: webhook_configured(control_plane), timeout=30, what="the ValidatingWebhookConfiguration")
+    url = f"https://127.0.0.1:{settings.webhook_port}/{WEBHOOK_ID}"
+    control_plane.request("POST", WEBHOOK_CONFIGURATIONS, webhook_configuration(WEBHOOK_NAME, url, authority))
+    wait_for(lambda: webhook_answers(control_plane), timeout=30, what="the webhook to answer")
     yield RunningOperator(operator=built, settings=settings, thread=thread, stop=stop)
+    control_plane.request("DELETE", f"{WEBHOOK_CONFIGURATIONS}/{WEBHOOK_NAME}")
     stop.set()
     thread.join(30)
     metrics_server.shutdown()
     built.close()
 
 
-def webhook_configured(cp: ControlPlane) -> bool:
-    path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/test.kuberl.io"
+def webhook_configuration(name: str, url: str, ca: bytes) -> dict[str, Any]:
+    """What charts/kuberl/templates/webhook.yaml renders, with a URL for the Service."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": f"validate-rljob.{name}",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "rules": [
+                    {
+                        "apiGroups": ["kuberl.io"],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["rljobs"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "clientConfig": {"url": url, "caBundle": base64.b64encode(ca).decode()},
+            }
+        ],
+    }
+
+
+def webhook_answers(cp: ControlPlane) -> bool:
+    """A dry-run create of an invalid RLJob is refused by the webhook (not by the schema)."""
+    bad = rljob_manifest("probe", "default", tiny_spec(algorithm={"advantageEstimator": "gae"}))
     try:
-        return bool(cp.request("GET", path).get("webhooks"))
-    except Exception:  # noqa: BLE001 - not there yet
-        return False
+        cp.request("POST", names.rljob_path("default") + "?dryRun=All", bad)
+    except urllib.error.HTTPError as error:
+        return "spec.models.critic" in error.read().decode()
+    return False
 
 
 def wait_for(check: Callable[[], Any], *, timeout: float = 20, what: str = "the condition") -> Any:

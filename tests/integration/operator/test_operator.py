@@ -6,8 +6,10 @@ as KubeRay would); the RayJob CRD is a structural fake (crds/fake-kuberay-rayjob
 
 import json
 import shlex
+import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 import yaml
@@ -15,7 +17,14 @@ import yaml
 from kuberl.operator import names
 from kuberl.operator.kube import ApiError
 from tests.integration.envtest import ControlPlane
-from tests.integration.operator.conftest import RUNTIME_IMAGE, Cluster, RunningOperator, tiny_spec, wait_for
+from tests.integration.operator.conftest import (
+    RUNTIME_IMAGE,
+    Cluster,
+    RunningOperator,
+    rljob_manifest,
+    tiny_spec,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -60,12 +69,15 @@ def test_an_rljob_gets_an_owned_rayjob_and_configmap_with_a_worker_group_per_rol
 def test_printer_columns_show_phase_progress_reward_and_restarts(cluster: Cluster, control_plane: ControlPlane):
     cluster.create("columns", tiny_spec())
     cluster.wait_status("columns", phase="Starting")
-    cluster.kube.call(  # the runtime's own write (a different field manager)
+    wait_for(lambda: cluster.kube.get(names.configmap_path(cluster.ns, "columns-progress")), what="the report's home")
+    report = {"progress": {"step": 12, "totalSteps": 60}, "metrics": {"rewardMean": 0.75}}
+    cluster.kube.call(  # what the runtime publishes, into its report ConfigMap; the operator copies it
         "PATCH",
-        names.rljob_path(cluster.ns, "columns") + "/status",
-        body={"status": {"progress": {"step": 12, "totalSteps": 60}, "metrics": {"rewardMean": 0.75}}},
+        names.configmap_path(cluster.ns, "columns-progress"),
+        body={"data": {"report.json": json.dumps(report)}},
         content_type="application/merge-patch+json",
     )
+    wait_for(lambda: cluster.status("columns").get("progress"), what="the report in the status")
     table = control_plane.request("GET", names.rljob_path(cluster.ns, "columns"), accept=TABLE)
     columns = [column["name"] for column in table["columnDefinitions"]]
     row = dict(zip(columns, table["rows"][0]["cells"], strict=True))
@@ -249,3 +261,84 @@ def test_a_finished_job_is_deleted_when_its_ttl_is_up(cluster: Cluster):
     cluster.kuberay("brief-0", "Complete", "SUCCEEDED")
     cluster.wait_status("brief", phase="Succeeded")
     wait_for(lambda: cluster.rljob("brief") is None, timeout=15, what="the RLJob deleted by its TTL")
+
+
+def test_a_refused_rayjob_shows_the_api_servers_message_and_is_retried_until_it_goes_through(
+    cluster: Cluster, control_plane: ControlPlane
+):
+    """A quota the RayJob does not fit: Created=False with the quota's words, one Warning, then created once lifted."""
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-rayjobs", "namespace": cluster.ns}}
+    quotas = f"/api/v1/namespaces/{cluster.ns}/resourcequotas"
+    control_plane.request("POST", quotas, {**quota, "spec": {"hard": {"count/rayjobs.ray.io": "0"}}})
+    usage = {"hard": {"count/rayjobs.ray.io": "0"}, "used": {"count/rayjobs.ray.io": "0"}}
+    current = control_plane.request("GET", f"{quotas}/no-rayjobs")  # the quota controller's job: it does not run here
+    control_plane.request("PUT", f"{quotas}/no-rayjobs/status", {**current, "status": usage})
+    cluster.create("squeezed", tiny_spec())
+
+    def refused() -> dict[str, Any] | None:
+        created = next((c for c in cluster.status("squeezed").get("conditions", []) if c["type"] == "Created"), None)
+        return created if created and created["reason"] == "ApplyFailed" else None
+
+    created = wait_for(refused, what="Created=False/ApplyFailed")
+    assert created["status"] == "False"
+    assert "RayJob squeezed-0" in created["message"] and "exceeded quota: no-rayjobs" in created["message"]
+    time.sleep(3)  # retries meanwhile (after 1 s, then 2 s) bring no new Event
+    warnings = [e for e in cluster.events("squeezed") if e["reason"] == "ApplyFailed"]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+    control_plane.request("DELETE", f"{quotas}/no-rayjobs")
+    wait_for(lambda: "squeezed-0" in cluster.rayjobs(), timeout=30, what="the RayJob once the quota is gone")
+
+    def created_true() -> dict[str, Any] | None:
+        created = next((c for c in cluster.status("squeezed")["conditions"] if c["type"] == "Created"), None)
+        return created if created and created["status"] == "True" else None
+
+    assert wait_for(created_true, what="Created=True once the RayJob is seen")["reason"] == "RayJobCreated"
+
+
+def test_a_typo_the_api_server_dropped_is_reported_as_unknown_fields(cluster: Cluster):
+    """What `kubectl apply` sends (the manifest, and itself in the last-applied annotation); the server prunes."""
+    manifest = rljob_manifest("typo", cluster.ns, tiny_spec(algorithm={"groupsize": 4}))
+    manifest["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(manifest)}
+    cluster.kube.create(names.rljob_path(cluster.ns), manifest)
+    assert "groupsize" not in (cluster.rljob("typo") or {})["spec"]["algorithm"]  # pruned, silently
+
+    def unknown_fields() -> dict[str, Any] | None:
+        return next((c for c in cluster.status("typo").get("conditions", []) if c["type"] == "UnknownFields"), None)
+
+    condition = wait_for(unknown_fields, what="the UnknownFields condition")
+    assert condition["status"] == "True" and "spec.algorithm.groupsize" in condition["message"]
+    warned = wait_for(lambda: [e["type"] for e in cluster.events("typo") if e["reason"] == "FieldsPruned"])
+    assert warned == ["Warning"]
+
+
+def test_a_configmap_or_rayjob_with_a_jobs_name_that_is_not_its_own_is_left_alone(
+    cluster: Cluster, control_plane: ControlPlane
+):
+    """Objects someone made with the names a job would use: never changed, and the job says why it waits."""
+    ns = cluster.ns
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "squatted-spec"}, "data": {"a": "b"}}
+    control_plane.request("POST", names.configmap_path(ns), configmap)
+    rayjob = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "taken-0"}, "spec": {"entrypoint": "x"}}
+    control_plane.request("POST", names.rayjob_path(ns), rayjob)
+    before = {
+        "squatted-spec": control_plane.request("GET", names.configmap_path(ns, "squatted-spec")),
+        "taken-0": control_plane.request("GET", names.rayjob_path(ns, "taken-0")),
+    }
+    cluster.create("squatted", tiny_spec())
+    cluster.create("taken", tiny_spec())
+
+    def created(job: str) -> dict[str, Any] | None:
+        found = next((c for c in cluster.status(job).get("conditions", []) if c["type"] == "Created"), None)
+        return found if found and found["status"] == "False" else None
+
+    assert wait_for(lambda: created("squatted"), what="squatted waits")["reason"] == "NameTaken"
+    taken = wait_for(lambda: created("taken"), what="taken waits")
+    assert taken["reason"] == "ApplyFailed" and "RayJob named taken-0 exists and does not belong" in taken["message"]
+    after = {
+        "squatted-spec": control_plane.request("GET", names.configmap_path(ns, "squatted-spec")),
+        "taken-0": control_plane.request("GET", names.rayjob_path(ns, "taken-0")),
+    }
+    for name, obj in after.items():  # not one write: same version, no owner reference, no label added
+        assert obj["metadata"]["resourceVersion"] == before[name]["metadata"]["resourceVersion"], name
+        assert "ownerReferences" not in obj["metadata"] and "labels" not in obj["metadata"], name
+    assert cluster.rayjobs().keys() == {"taken-0"}  # and nothing was created for squatted

@@ -1,10 +1,13 @@
 """`kuberl validate` and `kuberl explain` as a user runs them: files in, messages and exit codes out."""
 
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kuberl.cli import main
 from tests.conftest import REPO
@@ -123,3 +126,69 @@ def test_explain_unknown_field_names_the_known_ones(capsys):
     assert main(["explain", "spec.algorithm.grupSize"]) == 1
     err = capsys.readouterr().err
     assert "no such field" in err and "groupSize" in err
+
+
+# -- the pre-commit check of docs/gitops.md ------------------------------------------------------------
+TYPO = """\
+apiVersion: kuberl.io/v1alpha1
+kind: RLJob
+metadata:
+  name: typo
+spec:
+  models: {actor: {path: tiny://demo}}
+  data: {train: /data/train.jsonl}
+  reward: {function: tiny_task}
+  algorithm:
+    groupsize: 4            # groupSize: the API server would drop it and the job would run with 8
+"""
+OTHER_KINDS = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+data: {a: b}
+---
+apiVersion: argoproj.io/v1alpha1
+kind: Application
+metadata: {name: training}
+spec: {project: default}
+"""
+
+
+def pre_commit_hook() -> dict:
+    (hook,) = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    return hook
+
+
+def run_hook(files: list[Path]) -> subprocess.CompletedProcess[str]:
+    """What pre-commit does: the hook's entry with the staged files that match its pattern appended."""
+    hook = pre_commit_hook()
+    matching = [str(path) for path in files if re.search(hook["files"], str(path))]
+    command = shlex.split(hook["entry"])
+    assert command[0] == "kuberl"
+    return subprocess.run(
+        [sys.executable, "-m", "kuberl", *command[1:], *matching],
+        capture_output=True,
+        text=True,
+        cwd=REPO.parent,
+    )
+
+
+def test_the_pre_commit_hook_refuses_a_typo_the_api_server_would_drop(tmp_path: Path):
+    done = run_hook([write(tmp_path, "typo.yaml", TYPO), write(tmp_path, "other.yaml", OTHER_KINDS)])
+    assert done.returncode == 1
+    assert "spec.algorithm.groupsize: unknown field (did you mean groupSize?)" in done.stderr
+    assert "other.yaml" not in done.stderr and done.stdout == ""  # quiet; other kinds are skipped
+
+
+def test_the_pre_commit_hook_passes_a_repository_of_valid_jobs_and_other_manifests(tmp_path: Path):
+    mixed = OTHER_KINDS + "---\n" + (REPO / "examples" / "ppo-critic.yaml").read_text()
+    files = [write(tmp_path, "other.yaml", OTHER_KINDS), write(tmp_path, "jobs.yml", mixed)]
+    files.append(write(tmp_path, "README.md", "not YAML, not matched"))
+    done = run_hook(files)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_the_gitops_guide_documents_the_hook_as_it_is_shipped():
+    guide = (REPO / "docs" / "gitops.md").read_text()
+    assert f"id: {pre_commit_hook()['id']}" in guide
+    assert "kuberl validate --quiet --only-rljobs" in guide and pre_commit_hook()["entry"] in guide

@@ -119,6 +119,58 @@ def test_credentials_in_env_are_refused_with_the_way_to_do_it(minimal_manifest):
     assert "secretRefs" in problems["spec.env[1].name"]
 
 
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("http://bob:hunter2@proxy.corp:3128", "a URL with a password"),
+        ("postgresql://svc:s3cr3t@db:5432/runs", "a URL with a password"),
+        ("https://api.example.com/v1?api_key=abc123", "api_key="),
+        ("https://hooks.example.com/x?foo=1&token=abc", "token="),
+        ("https://bucket.s3.amazonaws.com/x?X-Amz-Signature=deadbeef", "X-Amz-Signature="),
+    ],
+)
+def test_a_credential_in_an_env_value_is_refused_like_one_in_its_name(minimal_manifest, value: str, why: str):
+    bad = with_spec(minimal_manifest, env=[{"name": "CALLBACK_URL", "value": value}])
+    message = problems_of(bad)["spec.env[0].value"]
+    assert why in message and "Secret" in message and value not in message  # the credential is not echoed
+
+
+@pytest.mark.parametrize(
+    "value", ["https://proxy.corp:3128", "https://bob@git.example.com/repo", "https://x.com/?mode=fast&top_k=5"]
+)
+def test_urls_without_credentials_are_fine_in_env(minimal_manifest, value: str):
+    parse_rljob(with_spec(minimal_manifest, env=[{"name": "SOME_URL", "value": value}]))
+
+
+def test_a_credential_in_a_reward_endpoint_or_a_location_is_refused(minimal_manifest):
+    bad = with_spec(
+        minimal_manifest,
+        reward={"endpoint": {"url": "https://rm.example.com/score?api_key=abc"}},
+        data={"train": "s3://bucket/train.jsonl?X-Amz-Credential=AKIA123"},
+    )
+    bad["spec"]["models"]["actor"]["path"] = "hf://user:hf_abcdef@org/model"
+    problems = problems_of(bad)
+    assert set(problems) == {"spec.reward.endpoint.url", "spec.data.train", "spec.models.actor.path"}
+    assert all("Secret" in message for message in problems.values())
+
+
+@pytest.mark.parametrize(
+    ("selector", "blamed"),
+    [
+        ({"gpu type": "a100"}, "'gpu type' is not a label key"),
+        ({"-gpu": "a100"}, "'-gpu' is not a label key"),
+        ({"Example.com/gpu": "a100"}, "is not a label key"),  # the DNS prefix is lower case
+        ({"nvidia.com/" + "g" * 64: "a100"}, "is not a label key"),  # names are at most 63 characters
+        ({"nvidia.com/gpu.product": "A100 SXM"}, "is not a label value"),
+    ],
+)
+def test_node_selector_keys_and_values_are_label_syntax(minimal_manifest, selector: dict, blamed: str):
+    bad = with_spec(minimal_manifest, resources={"actor": {"nodeSelector": selector}})
+    assert blamed in problems_of(bad)["spec.resources.actor.nodeSelector"]
+    fine = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "kubernetes.io/arch": "amd64", "pool": ""}
+    parse_rljob(with_spec(minimal_manifest, resources={"actor": {"nodeSelector": fine}}))
+
+
 def test_unknown_uri_scheme_is_refused_listing_the_supported_ones(minimal_manifest):
     bad = copy.deepcopy(minimal_manifest)
     bad["spec"]["models"]["actor"]["path"] = "ftp://host/model"

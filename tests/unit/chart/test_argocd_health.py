@@ -92,3 +92,29 @@ def test_running_job_shows_its_progress():
 
 def test_unknown_phase_is_unknown():
     assert health(rljob({"phase": "Exploded"}))["status"] == "Unknown"
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("InvalidSpec", "spec.models.critic: advantageEstimator gae (PPO) needs a critic"),
+        ("ApplyFailed", "the API server refused RayJob j-0: exceeded quota: gpus"),
+        ("KubeRayMissing", "the API server does not know RayJobs (ray.io/v1): install KubeRay"),
+    ],
+)
+def test_a_job_that_cannot_start_is_degraded_not_progressing_forever(reason: str, message: str):
+    status = {
+        "phase": "Pending",
+        "observedGeneration": 1,
+        "conditions": [{**condition("Created", "False", message), "reason": reason}],
+    }
+    assert health(rljob(status)) == {"status": "Degraded", "message": f"Cannot start ({reason}): {message}"}
+
+
+def test_a_created_job_is_progressing():
+    status = {
+        "phase": "Starting",
+        "observedGeneration": 1,
+        "conditions": [condition("Created", "True", "created RayJob j-0")],
+    }
+    assert health(rljob(status))["status"] == "Progressing"

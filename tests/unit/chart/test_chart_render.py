@@ -3,13 +3,18 @@
 Needs helm-python-sdk (the `dev` extra); skipped without it.
 """
 
+import base64
+import datetime
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
 from kuberl.cli import build_parser
+from kuberl.operator.access import KubeRayPeer
 from kuberl.operator.settings import OperatorSettings
+from kuberl.operator.webhook import WEBHOOK_ID
 from tests.unit.chart.rendering import (
     CHART,
     RELEASE_NAMESPACE,
@@ -28,7 +33,7 @@ CLUSTER: dict[str, Any] = {}
 NAMESPACED: dict[str, Any] = {"rbac": {"scope": "namespace"}, "watchNamespaces": ["team-a", "team-b"]}
 EVERYTHING_ON: dict[str, Any] = {
     "metrics": {"serviceMonitor": {"enabled": True}},
-    "webhook": {"certSecret": "kuberl-webhook-tls"},
+    "webhook": {"certManager": {"enabled": True}},
 }
 SCOPES = pytest.mark.parametrize("values", [CLUSTER, NAMESPACED], ids=["cluster", "namespace"])
 
@@ -88,15 +93,22 @@ def test_no_rbac_rule_uses_a_wildcard(values: dict[str, Any]):
 
 
 @SCOPES
-def test_operator_can_never_touch_pods_or_secrets(values: dict[str, Any]):
-    granted = {resource for _, rule in rbac_rules(render(values)) for resource in rule["resources"]}
-    assert granted.isdisjoint({"pods", "secrets", "services", "serviceaccounts", "roles", "rolebindings"})
+def test_operator_never_touches_pods_and_may_only_create_secrets_and_rbac(values: dict[str, Any]):
+    verbs: dict[str, set[str]] = {}
+    for _, rule in rbac_rules(render(values)):
+        for resource in rule["resources"]:
+            verbs.setdefault(resource, set()).update(rule["verbs"])
+    assert verbs.keys().isdisjoint({"pods", "services", "clusterroles", "clusterrolebindings"})
+    # one per job, made once: a Ray token, and the job's own account, role and binding
+    for resource in ("secrets", "serviceaccounts", "roles", "rolebindings"):
+        assert verbs[resource] == {"create"}, resource
+    assert not any({"bind", "escalate", "impersonate"} & granted for granted in verbs.values())
 
 
 def test_cluster_scope_grants_one_cluster_role_and_watches_everywhere():
     objects = render(CLUSTER)
     assert of_kind(objects, "Role") == []
-    assert {binding["roleRef"]["kind"] for binding in of_kind(objects, "RoleBinding")} == {"ClusterRole"}  # runtime
+    assert of_kind(objects, "RoleBinding") == []  # each job's own is made by the operator
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == "kuberl-kuberl-system"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl", "namespace": RELEASE_NAMESPACE}]
@@ -131,20 +143,77 @@ def test_unknown_scope_is_refused_naming_the_choices():
         render({"rbac": {"scope": "everything"}})
 
 
-def test_webhook_patch_is_limited_to_its_own_configuration():
-    rules = [rule for _, rule in rbac_rules(render(CLUSTER)) if "patch" in rule["verbs"]]
-    (webhook_rule,) = [rule for rule in rules if rule["apiGroups"] == ["admissionregistration.k8s.io"]]
-    assert webhook_rule["resourceNames"] == ["kuberl.kuberl-system.kuberl.io"]
-
-
 @SCOPES
-def test_runtime_may_patch_rljob_status_and_nothing_else(values: dict[str, Any]):
-    objects = render(values)
-    role = one(objects, "ClusterRole", "kuberl-kuberl-system-runtime")
-    assert role["rules"] == [{"apiGroups": ["kuberl.io"], "resources": ["rljobs/status"], "verbs": ["patch"]}]
-    expected = ["team-a", "team-b"] if values else [RELEASE_NAMESPACE]
-    accounts = [sa for sa in of_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "kuberl-runtime"]
-    assert sorted(sa["metadata"]["namespace"] for sa in accounts) == expected
+def test_operator_holds_no_admissionregistration_permission(values: dict[str, Any]):
+    """With any, it could register a mutating webhook over every Pod: the chart templates the configuration."""
+    groups = {group for _, rule in rbac_rules(render(values)) for group in rule["apiGroups"]}
+    assert "admissionregistration.k8s.io" not in groups
+
+
+def test_the_webhook_configuration_sends_rljob_writes_to_the_operators_handler():
+    objects = render(CLUSTER)
+    configuration = one(objects, "ValidatingWebhookConfiguration")
+    assert configuration["metadata"]["name"] == "kuberl.kuberl-system.kuberl.io"
+    (webhook,) = configuration["webhooks"]
+    assert webhook["failurePolicy"] == "Fail"
+    assert webhook["rules"] == [
+        {
+            "apiGroups": ["kuberl.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE"],  # never DELETE: a delete works while the operator is down
+            "resources": ["rljobs"],
+            "scope": "Namespaced",
+        }
+    ]
+    service = one(objects, "Service", "kuberl-webhook")
+    assert webhook["clientConfig"]["service"] == {
+        "namespace": RELEASE_NAMESPACE,
+        "name": service["metadata"]["name"],
+        "port": service["spec"]["ports"][0]["port"],
+        "path": f"/{WEBHOOK_ID}",  # kopf serves a handler at /<its id>
+    }
+
+
+def test_helm_makes_a_ca_and_a_serving_certificate_that_outlives_a_year_of_uptime():
+    objects = render(CLUSTER)
+    secret = one(objects, "Secret", "kuberl-webhook-tls")
+    (webhook,) = one(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    served = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    authority = x509.load_pem_x509_certificate(base64.b64decode(webhook["clientConfig"]["caBundle"]))
+    served.verify_directly_issued_by(authority)  # the caBundle the API server trusts signed what is served
+    names = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "kuberl-webhook.kuberl-system.svc" in names.get_values_for_type(x509.DNSName)
+    lifetime = served.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+    assert lifetime > datetime.timedelta(days=9 * 365)  # webhook.certValidityDays: 3650
+    short = one(render({"webhook": {"certValidityDays": 30}}), "Secret", "kuberl-webhook-tls")
+    lifetime = x509.load_pem_x509_certificate(base64.b64decode(short["data"]["tls.crt"])).not_valid_after_utc
+    assert lifetime - datetime.datetime.now(datetime.UTC) < datetime.timedelta(days=31)
+
+
+def test_cert_manager_issues_the_certificate_and_injects_its_ca():
+    objects = render(EVERYTHING_ON)
+    configuration = one(objects, "ValidatingWebhookConfiguration")
+    certificate = one(objects, "Certificate")
+    assert configuration["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{RELEASE_NAMESPACE}/{certificate['metadata']['name']}"
+    }
+    assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
+    assert certificate["spec"]["secretName"] == "kuberl-webhook-tls"
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": one(objects, "Issuer")["metadata"]["name"]}
+    assert of_kind(objects, "Secret") == []  # cert-manager writes it
+    issuer = {"kind": "ClusterIssuer", "name": "corporate-ca"}
+    objects = render({"webhook": {"certManager": {"enabled": True, "issuerRef": issuer}}})
+    assert one(objects, "Certificate")["spec"]["issuerRef"] == issuer
+    assert of_kind(objects, "Issuer") == []
+
+
+def test_kuberays_operator_pods_are_told_to_the_operator_for_the_network_policies():
+    env = container_env(operator_container(render(CLUSTER)))
+    assert OperatorSettings.from_env(env).kuberay == KubeRayPeer()  # labels of KubeRay's chart, any namespace
+    labels = {"app.kubernetes.io/name": "my-kuberay", "team": "ml"}
+    env = container_env(operator_container(render({"kuberay": {"namespace": "ray-system", "operatorLabels": labels}})))
+    assert OperatorSettings.from_env(env).kuberay == KubeRayPeer(labels, "ray-system")
+    assert OperatorSettings.from_env(env).ray_version == "2.60.0"
 
 
 def test_namespace_editors_may_write_rljobs_but_not_their_status():
@@ -185,10 +254,10 @@ def test_container_args_and_env_are_settings_the_operator_reads():
     )
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert (settings.metrics_port, settings.webhook_port) == (ports["metrics"], ports["webhook"])
-    assert settings.webhook_service == "kuberl-system/kuberl-webhook:443"
-    assert settings.webhook_host == "kuberl-webhook.kuberl-system.svc"  # the self-signed certificate's name
-    assert settings.webhook_configuration == "kuberl.kuberl-system.kuberl.io"
-    assert settings.webhook_cert is None  # self-signed at start-up
+    assert (settings.webhook_cert, settings.webhook_key) == (
+        "/etc/kuberl/webhook-tls/tls.crt",
+        "/etc/kuberl/webhook-tls/tls.key",
+    )
 
 
 def test_webhook_service_reaches_the_webhook_port():
@@ -199,25 +268,25 @@ def test_webhook_service_reaches_the_webhook_port():
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
 
 
-def test_webhook_certificate_secret_is_mounted_and_used():
-    objects = render(EVERYTHING_ON)
+@pytest.mark.parametrize("values", [CLUSTER, EVERYTHING_ON], ids=["helm", "cert-manager"])
+def test_webhook_certificate_secret_is_mounted_where_the_operator_reads_it(values: dict[str, Any]):
+    objects = render(values)
     container = operator_container(objects)
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
     env = container_env(container)
-    assert (env["KUBERL_WEBHOOK_CERT"], env["KUBERL_WEBHOOK_KEY"]) == (
-        "/etc/kuberl/webhook-tls/tls.crt",
-        "/etc/kuberl/webhook-tls/tls.key",
-    )
     assert {"name": "webhook-tls", "secret": {"secretName": "kuberl-webhook-tls"}} in pod["volumes"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "webhook-tls")
+    assert env["KUBERL_WEBHOOK_CERT"] == f"{mount['mountPath']}/tls.crt"
+    assert env["KUBERL_WEBHOOK_KEY"] == f"{mount['mountPath']}/tls.key"
 
 
 def test_webhook_disabled_removes_its_port_service_and_rbac():
     objects = render({"webhook": {"enabled": False}})
     container = operator_container(objects)
     assert operator_args(objects).webhook_port is None
-    assert container_env(container)["KUBERL_WEBHOOK_CONFIGURATION"] == ""
+    assert "KUBERL_WEBHOOK_CERT" not in container_env(container)
     assert [s["metadata"]["name"] for s in of_kind(objects, "Service")] == ["kuberl-metrics"]
-    assert all("admissionregistration.k8s.io" not in rule["apiGroups"] for _, rule in rbac_rules(objects))
+    assert of_kind(objects, "ValidatingWebhookConfiguration") == of_kind(objects, "Secret") == []
     assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
 
 

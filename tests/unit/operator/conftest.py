@@ -71,27 +71,38 @@ class World:
     rljob: dict[str, Any]
     rayjobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     configmap: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None  # the ConfigMap the runtime reports into
+    access: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, name) of the rest
     deleted: bool = False
+    kuberay_missing: bool = False
     history: list[Decision] = field(default_factory=list)
 
     def observed(self) -> Observed:
-        return Observed(rljob=self.rljob, rayjobs=tuple(self.rayjobs.values()), configmap=self.configmap)
+        if self.kuberay_missing:
+            return Observed(rljob=self.rljob, kuberay_missing=True)
+        return Observed(
+            rljob=self.rljob, rayjobs=tuple(self.rayjobs.values()), configmap=self.configmap, progress=self.progress
+        )
 
     def step(self, now: datetime, *, crash_after_status: bool = False) -> Decision:
         decision = decide(self.observed(), now, SETTINGS)
         self.history.append(decision)
         if decision.write_status:
-            runtime_fields = {k: v for k, v in (self.rljob.get("status") or {}).items() if k in ("progress", "metrics")}
-            self.rljob["status"] = {**decision.status.to_status(), **runtime_fields}
+            self.rljob["status"] = decision.status.to_status()
         if crash_after_status:
             return decision
         for name in decision.delete_rayjobs:
             self.rayjobs.pop(name, None)
         for child in decision.apply:
-            if child["kind"] == "ConfigMap":
+            kind, name = child["kind"], child["metadata"]["name"]
+            if kind == "ConfigMap" and name.endswith("-progress"):
+                self.progress = self.progress or child
+            elif kind == "ConfigMap":
                 self.configmap = child
+            elif kind == "RayJob":
+                self.rayjobs.setdefault(name, child)
             else:
-                self.rayjobs.setdefault(child["metadata"]["name"], child)
+                self.access.setdefault((kind, name), child)
         self.deleted = self.deleted or decision.delete_rljob
         return decision
 

@@ -252,14 +252,11 @@ def test_configmap_spec_of_nothing_or_garbage_is_none():
     assert configmap_spec({"data": {}}) is None
 
 
-def test_every_ray_pod_runs_as_the_runtime_service_account_unless_a_pool_names_another():
+def test_every_ray_pod_runs_as_the_jobs_own_account_unless_a_pool_names_another():
     spec = base_spec()
     spec["resources"] = {"actor": {"podTemplate": {"spec": {"serviceAccountName": "team-trainer"}}}}
-    spec["reward"] = {"function": "math_exact"}
     job = parse_rljob(make_rljob(spec))
-    rayjob = build_rayjob(job, OWNER, 0, default_image="i:1", generation=1, service_account="kuberl-runtime")
+    rayjob = build_rayjob(job, OWNER, 0, default_image="i:1", generation=1)
     cluster = rayjob["spec"]["rayClusterSpec"]
-    assert cluster["headGroupSpec"]["template"]["spec"]["serviceAccountName"] == "kuberl-runtime"
+    assert cluster["headGroupSpec"]["template"]["spec"]["serviceAccountName"] == "tiny-grpo-runtime"
     assert groups(rayjob)["actor"]["template"]["spec"]["serviceAccountName"] == "team-trainer"
-    # without the operator's setting the pods keep the namespace's default account
-    assert all("serviceAccountName" not in pod for pod in all_pod_specs(rayjob_for()))

@@ -5,12 +5,22 @@ the first restart waits 10 s and the second 2 * 10 = 20 s.
 """
 
 import copy
+import json
 import shlex
 
 import yaml
 
-from kuberl.operator.decide import Event, backoff_seconds, decide
-from tests.unit.operator.conftest import SETTINGS, World, at, make_rljob
+from kuberl.api.enums import ConditionReason, ConditionType
+from kuberl.operator.decide import (
+    KUBERAY_RETRY_SECONDS,
+    Event,
+    apply_failed,
+    backoff_seconds,
+    decide,
+    transition_events,
+)
+from kuberl.operator.status import OperatorStatus
+from tests.unit.operator.conftest import SETTINGS, UID, World, at, base_spec, make_rljob
 
 
 def started(world: World) -> World:
@@ -43,22 +53,75 @@ def test_the_first_pass_names_the_rayjob_in_status_and_creates_it_with_its_confi
     assert world.status["rayJobName"] == "tiny-grpo-0"
     assert world.status["phase"] == "Starting"
     assert world.status["startTime"] == "2025-01-01T12:00:00Z"
-    assert [child["kind"] for child in decision.apply] == ["ConfigMap", "RayJob"]
+    assert [child["kind"] for child in decision.apply] == [
+        "ServiceAccount",  # the job's own identity, Ray token and NetworkPolicy (access.py) come first,
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "NetworkPolicy",
+        "ConfigMap",  # then the runtime's report and the spec the RayJob mounts
+        "ConfigMap",
+        "RayJob",
+    ]
     assert rayjob_names(world) == ["tiny-grpo-0"]
-    assert world.condition("Created")["status"] == "True"
+
+
+def test_created_turns_true_only_once_the_rayjob_is_seen_to_exist(world: World):
+    world.step(at(0), crash_after_status=True)  # named in status; the create never happened
+    assert world.condition("Created") is None
+    world.step(at(1))  # creates it
+    assert world.condition("Created") is None
+    decision = world.step(at(2))  # sees it
+    assert world.condition("Created") == {
+        "type": "Created",
+        "status": "True",
+        "reason": "RayJobCreated",
+        "message": "created RayJob tiny-grpo-0",
+        "lastTransitionTime": "2025-01-01T12:00:02Z",
+    }
+    assert [event.reason for event in decision.events] == ["RayJobCreated"]
+
+
+def test_a_refused_child_is_a_created_false_condition_with_the_api_servers_words():
+    status = OperatorStatus().with_condition(
+        ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "created RayJob tiny-grpo-0", at(0)
+    )
+    failed = apply_failed(status, "RayJob", "tiny-grpo-1", "exceeded quota: gpus, requested: 8, limited: 4", at(5))
+    (created,) = failed.conditions
+    assert (created["status"], created["reason"]) == ("False", "ApplyFailed")
+    assert (
+        created["message"]
+        == "the API server refused RayJob tiny-grpo-1: exceeded quota: gpus, requested: 8, limited: 4"
+    )
+    (event,) = transition_events(status, failed)
+    assert (event.type, event.reason) == ("Warning", "ApplyFailed")
+
+
+def test_a_missing_kuberay_is_a_condition_that_says_what_to_install_and_is_looked_at_again(world: World):
+    world.kuberay_missing = True
+    decision = world.step(at(0))
+    created = world.condition("Created")
+    assert created is not None and (created["status"], created["reason"]) == ("False", "KubeRayMissing")
+    assert "install KubeRay" in created["message"]
+    assert decision.apply == () and decision.requeue_after == KUBERAY_RETRY_SECONDS
+    assert world.status["phase"] == "Pending"
+    world.kuberay_missing = False  # installed meanwhile
+    world.step(at(30))
+    assert rayjob_names(world) == ["tiny-grpo-0"]
 
 
 def test_a_crash_after_naming_the_rayjob_creates_exactly_that_rayjob_next_pass(world: World):
     world.step(at(0), crash_after_status=True)
     assert world.rayjobs == {}
     decision = world.step(at(1))
-    assert [child["metadata"]["name"] for child in decision.apply] == ["tiny-grpo-spec", "tiny-grpo-0"]
+    assert [child["metadata"]["name"] for child in decision.apply][-2:] == ["tiny-grpo-spec", "tiny-grpo-0"]
     assert world.status["rayJobName"] == "tiny-grpo-0"
     assert rayjob_names(world) == ["tiny-grpo-0"]
 
 
 def test_a_pass_with_nothing_new_writes_and_creates_nothing(world: World):
     started(world)
+    world.step(at(4))  # sees the RayJob: Created=True
     decision = world.step(at(5))
     assert (decision.write_status, decision.apply, decision.delete_rayjobs, decision.events) == (False, (), (), ())
 
@@ -292,6 +355,41 @@ def test_the_deadline_is_waited_for_then_fails_the_job_and_deletes_the_rayjob():
     assert decision.delete_rayjobs == ("tiny-grpo-0",)
 
 
+def test_suspended_time_does_not_count_towards_the_deadline():
+    world = World(rljob=make_rljob())
+    world.rljob["spec"]["runPolicy"]["activeDeadlineSeconds"] = 3600
+    running(world)  # started at 0
+    world.step(at(1000))  # 1000 s of the 3600 used
+    world.edit_spec({"runPolicy": {"suspend": True}})
+    world.step(at(1000))
+    assert world.status["phase"] == "Suspended"
+    world.edit_spec({"runPolicy": {"suspend": False}})
+    world.step(at(6000))  # 5000 s suspended, longer than the whole deadline
+    assert world.status["phase"] == "Starting" and world.status["suspendedSeconds"] == 5000
+    decision = world.step(at(6001))
+    assert world.status["phase"] != "Failed" and decision.requeue_after == 3600 + 5000 - 6001
+    world.edit_spec({"runPolicy": {"suspend": True}})  # a second suspension adds up
+    world.step(at(7000))
+    world.edit_spec({"runPolicy": {"suspend": False}})
+    world.step(at(8000))
+    assert world.status["suspendedSeconds"] == 6000
+    world.step(at(9599))
+    assert world.status["phase"] != "Failed"  # 9599 - 6000 = 3599 s active
+    world.step(at(9600))
+    assert world.status["phase"] == "Failed" and world.condition("Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_a_job_created_suspended_starts_its_deadline_when_it_starts():
+    spec = base_spec()
+    spec["runPolicy"] = {**spec["runPolicy"], "suspend": True, "activeDeadlineSeconds": 100}
+    world = World(rljob=make_rljob(spec))
+    world.step(at(0))
+    world.edit_spec({"runPolicy": {"suspend": False}})
+    world.step(at(1000))
+    assert world.status["startTime"] == "2025-01-01T12:16:40Z" and "suspendedSeconds" not in world.status
+    assert world.step(at(1001)).requeue_after == 99
+
+
 def test_the_ttl_deletes_the_finished_job_when_it_is_up():
     world = World(rljob=make_rljob())
     world.rljob["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 60
@@ -383,3 +481,73 @@ def test_an_invalid_edit_of_a_running_job_is_refused_and_the_job_keeps_running(w
 def test_decide_reads_no_clock():
     observed = World(rljob=make_rljob()).observed()
     assert decide(observed, at(0), SETTINGS) == decide(observed, at(0), SETTINGS)
+
+
+# --- the runtime's report --------------------------------------------------------------------------
+
+
+def report(**fields: object) -> dict:
+    owner = {"uid": UID, "controller": True}
+    return {
+        "metadata": {"name": "tiny-grpo-progress", "ownerReferences": [owner]},
+        "data": {"report.json": json.dumps(fields)},
+    }
+
+
+def test_the_runtimes_report_becomes_progress_metrics_and_last_checkpoint(world: World):
+    running(world)
+    last = {"step": 20, "uri": "s3://ckpt/step-20", "time": "2025-01-01T12:10:00Z"}
+    world.progress = report(progress={"step": 20, "totalSteps": 60}, metrics={"rewardMean": 0.5}, lastCheckpoint=last)
+    decision = world.step(at(5))
+    assert decision.write_status and decision.events == ()
+    assert world.status["progress"] == {"step": 20, "totalSteps": 60, "epoch": 0}
+    assert world.status["metrics"] == {"rewardMean": 0.5}
+    assert world.status["lastCheckpoint"] == last
+
+
+def test_a_report_cannot_move_a_phase_a_condition_a_name_or_a_time(world: World):
+    running(world)
+    before = copy.deepcopy(world.status)
+    world.progress = report(
+        progress={"step": 3},
+        phase="Failed",
+        rayJobName="victim-7",
+        completionTime="2000-01-01T00:00:00Z",
+        conditions=[{"type": "Failed", "status": "True"}],
+    )
+    world.step(at(5))  # a report with fields the model does not know is refused as a whole
+    assert world.status == before
+    world.progress = report(progress={"step": -4})
+    world.step(at(6))  # and so is one out of range
+    assert world.status == before
+    world.progress = report(progress={"step": 4})
+    world.step(at(7))
+    assert {key: value for key, value in world.status.items() if key not in ("progress", "metrics")} == before
+    assert world.status["progress"]["step"] == 4
+
+
+# --- names held by someone else ------------------------------------------------------------------
+
+
+def test_a_configmap_of_the_jobs_name_that_is_not_its_own_is_neither_read_nor_adopted(world: World):
+    world.configmap = {"metadata": {"name": "tiny-grpo-spec"}, "data": {"rljob.yaml": "spec: {}"}}  # no owner
+    decision = world.step(at(0))
+    assert decision.apply == () and decision.requeue_after == 30
+    created = world.condition("Created")
+    assert created is not None and (created["status"], created["reason"]) == ("False", "NameTaken")
+    assert "ConfigMap named tiny-grpo-spec exists and does not belong to this RLJob" in created["message"]
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", "NameTaken")]
+    world.configmap = None  # its owner removed it
+    world.step(at(30))
+    assert rayjob_names(world) == ["tiny-grpo-0"]
+
+
+def test_the_reported_validation_scores_reach_the_status(world: World):
+    running(world)
+    scores = {"step": 2, "samples": 4, "greedyMean": 0.5, "meanAtK": 0.25}
+    world.progress = report(progress={"step": 3}, validation=scores)
+    world.step(at(5))
+    assert world.status["validation"] == scores
+    world.progress = report(progress={"step": 4})  # a report without scores keeps the last ones
+    world.step(at(6))
+    assert world.status["validation"] == scores

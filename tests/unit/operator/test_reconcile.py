@@ -1,14 +1,24 @@
 """The I/O pass and its queue, with a fake API server: the order of writes and the coalescing of triggers."""
 
 import asyncio
+import json
 import threading
 from typing import Any
+
+import pytest
 
 from kuberl.operator import names
 from kuberl.operator.decide import Decision
 from kuberl.operator.kube import ApiError
 from kuberl.operator.metrics import OperatorMetrics
-from kuberl.operator.reconcile import ReconcileQueue, Reconciler
+from kuberl.operator.reconcile import (
+    RETRY_BASE_SECONDS,
+    RETRY_CAP_SECONDS,
+    ApplyFailed,
+    ReconcileQueue,
+    Reconciler,
+    retry_delay,
+)
 from kuberl.operator.status import OperatorStatus
 from tests.unit.operator.conftest import SETTINGS, at, make_rljob
 
@@ -23,17 +33,26 @@ class FakeKube:
         self.objects: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
         self.conflicts = conflicts
+        self.refusals: dict[str, ApiError] = {}
+        self.created: list[dict[str, Any]] = []
+        self.exists: set[str] = (
+            set()
+        )  # collections where a create answers AlreadyExists  # path -> what the API server answers to an apply there
 
     def get(self, path: str) -> dict[str, Any] | None:
         self.calls.append(("GET", path))
         return self.rljob if path == JOB else self.objects.get(path)
 
-    def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+    def list(self, path: str, label_selector: str, *, consistent: bool = False) -> list[dict[str, Any]]:
         self.calls.append(("LIST", path))
-        return [o for p, o in self.objects.items() if p.startswith(path + "/")]
+        key, _, value = label_selector.partition("=")
+        found = [o for p, o in self.objects.items() if p.startswith(path + "/")]
+        return [o for o in found if o.get("metadata", {}).get("labels", {}).get(key) == value]
 
     def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("APPLY", path))
+        if path in self.refusals:
+            raise self.refusals[path]
         if path.endswith("/status"):
             if self.conflicts:
                 self.conflicts -= 1
@@ -50,6 +69,13 @@ class FakeKube:
 
     def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("CREATE", path))
+        full = f"{path}/{body['metadata']['name']}" if "name" in body.get("metadata", {}) else path
+        if full in self.refusals:
+            raise self.refusals[full]
+        if path in self.exists or full in self.objects:
+            raise ApiError(409, "Conflict", '{"reason": "AlreadyExists"}')
+        self.created.append(body)
+        self.objects[full] = body
         return body
 
 
@@ -66,10 +92,32 @@ def test_the_status_naming_the_rayjob_is_written_before_anything_is_created():
     reconciler(kube).run_pass("team-a", "tiny-grpo")
     assert writes(kube) == [
         ("APPLY", JOB + "/status"),
+        ("CREATE", names.object_path("ServiceAccount", "team-a")),
+        ("CREATE", names.object_path("Role", "team-a")),
+        ("CREATE", names.object_path("RoleBinding", "team-a")),
+        ("CREATE", names.object_path("Secret", "team-a")),
+        ("CREATE", names.object_path("NetworkPolicy", "team-a")),
+        ("APPLY", names.configmap_path("team-a", "tiny-grpo-progress")),
         ("APPLY", names.configmap_path("team-a", "tiny-grpo-spec")),
-        ("APPLY", names.rayjob_path("team-a", "tiny-grpo-0")),
-        ("CREATE", names.events_path("team-a")),
+        ("CREATE", names.rayjob_path("team-a")),
     ]
+
+
+def test_the_ray_token_is_made_when_the_secret_is_created_fresh_each_time():
+    tokens = []
+    for _ in range(2):
+        kube = FakeKube()
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+        (secret,) = [body for body in kube.created if body["kind"] == "Secret"]
+        tokens.append(secret["stringData"]["auth_token"])
+    assert tokens[0] != tokens[1] and min(len(token) for token in tokens) >= 43  # 32 random bytes, base64
+
+
+def test_objects_made_once_are_left_alone_when_they_exist():
+    kube = FakeKube()
+    kube.exists = {names.object_path("Secret", "team-a")}  # a Secret of this name: AlreadyExists
+    reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert names.rayjob_path("team-a", "tiny-grpo-0") in kube.objects  # the pass went on
 
 
 def test_a_write_conflict_reruns_the_pass_on_fresh_data():
@@ -142,3 +190,107 @@ def test_a_decisions_requeue_after_schedules_the_next_pass():
     asyncio.run(scenario())
     queue.close()
     assert requeueing.passes == 2
+
+
+def test_retries_of_a_failing_pass_wait_twice_as_long_each_time_up_to_a_cap():
+    delays = [retry_delay(failures) for failures in range(1, 13)]
+    assert delays[:4] == [RETRY_BASE_SECONDS, 2 * RETRY_BASE_SECONDS, 4 * RETRY_BASE_SECONDS, 8 * RETRY_BASE_SECONDS]
+    assert max(delays) == RETRY_CAP_SECONDS == delays[-1]
+    assert retry_delay(10**6) == RETRY_CAP_SECONDS  # no overflow however long the outage
+
+
+def test_a_failing_pass_is_retried_by_the_queue_with_growing_delays_and_never_raises_to_the_caller():
+    class FailingTwice(BlockingReconciler):
+        def run_pass(self, namespace: str, name: str) -> Decision:
+            self.passes += 1
+            if self.passes <= 2:
+                raise ApiError(503, "Service Unavailable")
+            return Decision(status=OperatorStatus(), write_status=False)
+
+    failing = FailingTwice()
+    queue = ReconcileQueue(failing, workers=1, resync_seconds=60)  # type: ignore[arg-type]
+    waits: list[float] = []
+    requeue = queue.requeue
+
+    def recording(namespace: str, name: str, delay: float) -> None:
+        waits.append(delay)
+        requeue(namespace, name, delay / 100)  # the same order of events, a hundred times faster
+
+    queue.requeue = recording  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        queue.request("ns", "job")  # what the handlers call: returns at once, raises nothing
+        await asyncio.sleep(0.3)
+
+    asyncio.run(scenario())
+    queue.close()
+    assert failing.passes == 3
+    assert waits == [retry_delay(1), retry_delay(2), 60]  # two retries, then the resync interval
+
+
+def test_a_status_only_change_of_an_rljob_asks_for_no_pass():
+    counting = BlockingReconciler()
+    counting.release.set()
+    queue = ReconcileQueue(counting, workers=1)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        for generation in (1, 1, 1, 2, 2):  # created; two status writes; a spec edit; a status write
+            queue.notice("ns", "job", generation)
+            await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    queue.close()
+    assert counting.passes == 2
+
+
+QUOTA = json.dumps(
+    {
+        "kind": "Status",
+        "status": "Failure",
+        "message": 'rayjobs.ray.io "tiny-grpo-0" is forbidden: exceeded quota: gpus, requested: 8, limited: 4',
+        "reason": "Forbidden",
+        "code": 403,
+    }
+)
+
+
+def test_a_refused_rayjob_leaves_created_false_with_the_api_servers_message_and_one_warning():
+    kube = FakeKube()
+    kube.refusals[names.rayjob_path("team-a", "tiny-grpo-0")] = ApiError(403, "Forbidden", QUOTA)
+    with pytest.raises(ApplyFailed):  # the queue retries it with a growing delay
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert kube.rljob is not None
+    (created,) = [c for c in kube.rljob["status"]["conditions"] if c["type"] == "Created"]
+    assert (created["status"], created["reason"]) == ("False", "ApplyFailed")
+    assert created["message"] == (
+        "the API server refused RayJob tiny-grpo-0: "
+        'rayjobs.ray.io "tiny-grpo-0" is forbidden: exceeded quota: gpus, requested: 8, limited: 4'
+    )
+    events = [e for e in kube.created if e["kind"] == "Event"]
+    assert [(e["type"], e["reason"]) for e in events] == [("Warning", "ApplyFailed")]
+    with pytest.raises(ApplyFailed):  # refused again: the condition stands, no second event
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert len([e for e in kube.created if e["kind"] == "Event"]) == 1
+
+
+def test_an_unreachable_or_failing_api_server_is_transient_and_writes_no_condition():
+    kube = FakeKube()
+    kube.refusals[names.rayjob_path("team-a", "tiny-grpo-0")] = ApiError(503, "Service Unavailable")
+    with pytest.raises(ApiError) as raised:
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert raised.value.transient
+    assert kube.rljob is not None
+    assert not [c for c in kube.rljob["status"].get("conditions", []) if c["reason"] == "ApplyFailed"]
+
+
+def test_a_rayjob_of_the_name_that_is_not_the_jobs_is_never_taken_over():
+    kube = FakeKube()
+    theirs = {"metadata": {"name": "tiny-grpo-0"}, "spec": {"entrypoint": "python theirs.py"}}
+    kube.objects[names.rayjob_path("team-a", "tiny-grpo-0")] = theirs  # unlabelled, no owner
+    with pytest.raises(ApplyFailed) as failure:
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert "does not belong to this RLJob" in failure.value.message
+    assert kube.objects[names.rayjob_path("team-a", "tiny-grpo-0")] is theirs  # untouched
+    assert kube.rljob is not None
+    (created,) = [c for c in kube.rljob["status"]["conditions"] if c["type"] == "Created"]
+    assert (created["status"], created["reason"]) == ("False", "ApplyFailed")

@@ -1,6 +1,9 @@
 """Operator settings from flags and environment variables."""
 
+import pytest
+
 from kuberl import __version__
+from kuberl.operator.access import KubeRayPeer
 from kuberl.operator.settings import OperatorSettings
 
 
@@ -13,8 +16,9 @@ def test_environment_variables_override_the_defaults():
         {
             "KUBERL_RUNTIME_IMAGE": "my/runtime:2",
             "KUBERL_RESYNC_SECONDS": "2.5",
-            "KUBERL_WEBHOOK_CONFIGURATION": "",
-            "KUBERL_RUNTIME_SERVICE_ACCOUNT": "kuberl-runtime",
+            "KUBERL_WEBHOOK_CERT": "/tls/tls.crt",
+            "KUBERL_KUBERAY_NAMESPACE": "ray-system",
+            "KUBERL_KUBERAY_OPERATOR_LABELS": "app=kuberay, tier=control",
         },
         namespaces=["a", "b"],
         metrics_port=9100,
@@ -23,6 +27,11 @@ def test_environment_variables_override_the_defaults():
     assert settings.resync_seconds == 2.5
     assert settings.namespaces == ("a", "b")
     assert settings.metrics_port == 9100
-    assert settings.webhook_configuration is None
-    assert settings.runtime_service_account == "kuberl-runtime"
-    assert OperatorSettings.from_env({}).runtime_service_account is None
+    assert settings.webhook_cert == "/tls/tls.crt"
+    assert settings.kuberay == KubeRayPeer(labels={"app": "kuberay", "tier": "control"}, namespace="ray-system")
+    assert OperatorSettings.from_env({}).kuberay == KubeRayPeer()
+
+
+def test_a_label_list_that_is_not_key_value_pairs_is_refused_naming_the_variable():
+    with pytest.raises(ValueError, match="KUBERL_KUBERAY_OPERATOR_LABELS: 'kuberay' is not key=value"):
+        OperatorSettings.from_env({"KUBERL_KUBERAY_OPERATOR_LABELS": "kuberay"})

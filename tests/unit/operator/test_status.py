@@ -9,6 +9,7 @@ from kuberl.operator.status import (
     flipped,
     rayjob_message,
     rayjob_state,
+    read_report,
     set_condition,
 )
 from tests.unit.operator.conftest import at
@@ -95,7 +96,15 @@ def test_operator_status_round_trips_and_leaves_out_what_is_unset():
     assert OperatorStatus.from_status(wire) == status
 
 
-def test_operator_status_ignores_the_runtimes_fields_and_unknown_phases():
-    status = OperatorStatus.from_status({"phase": "Exploded", "progress": {"step": 3}, "metrics": {"kl": 0.1}})
+def test_operator_status_reads_an_unknown_phase_as_pending():
+    status = OperatorStatus.from_status({"phase": "Exploded", "progress": {"step": 3}})
     assert status.phase == Phase.PENDING
-    assert "progress" not in status.to_status()
+    assert status.to_status()["progress"] == {"step": 3}  # the operator writes it too, from the runtime's report
+
+
+def test_a_report_that_is_missing_not_json_or_invalid_is_no_report():
+    assert read_report(None) is None
+    assert read_report({"data": {}}) is None
+    assert read_report({"data": {"report.json": "{not json"}}) is None
+    assert read_report({"data": {"report.json": '{"progress": {"step": "many"}}'}}) is None
+    assert read_report({"data": {"report.json": '{"progress": {"step": 2}}'}}).progress.step == 2

@@ -1,10 +1,9 @@
 """The admission check: the same validation as `kuberl validate`, with field paths in the message."""
 
-import ipaddress
+import pytest
 
-from cryptography import x509
-
-from kuberl.operator.webhook import admission_message, problems_of, self_signed_certificate
+from kuberl.operator.settings import OperatorSettings
+from kuberl.operator.webhook import admission_message, problems_of, server
 from tests.unit.operator.conftest import make_rljob
 
 
@@ -34,11 +33,8 @@ def test_the_status_is_not_the_webhooks_business():
     assert problems_of(job) == []
 
 
-def test_the_self_signed_certificate_names_the_ip_and_is_its_own_ca():
-    pem, key = self_signed_certificate(["127.0.0.1", "0.0.0.0", "webhook.kuberl.svc"])
-    certificate = x509.load_pem_x509_certificate(pem)
-    sans = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
-    assert sans.get_values_for_type(x509.DNSName) == ["webhook.kuberl.svc"]
-    assert certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    assert key.startswith(b"-----BEGIN PRIVATE KEY-----")
+def test_the_webhook_is_served_only_with_a_certificate_from_files():
+    with pytest.raises(ValueError, match="KUBERL_WEBHOOK_CERT and KUBERL_WEBHOOK_KEY"):
+        server(OperatorSettings(webhook_port=9443))
+    served = server(OperatorSettings(webhook_port=9443, webhook_cert="/tls/tls.crt", webhook_key="/tls/tls.key"))
+    assert (served.certfile, served.pkeyfile, served.port) == ("/tls/tls.crt", "/tls/tls.key", 9443)

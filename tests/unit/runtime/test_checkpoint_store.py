@@ -330,39 +330,44 @@ METRICS = {"rewardMean": 0.62, "kl": 0.013, "responseLength": 87.0, "tokensPerSe
 LAST = {"step": 20, "uri": "s3://ckpt/demo/step-000020", "time": "2026-03-01T12:00:00Z"}
 
 
-def test_publish_server_side_applies_the_status_subresource(api_server: RecordingApiServer, tmp_path: Path):
+def test_publish_server_side_applies_the_jobs_report_configmap(api_server: RecordingApiServer, tmp_path: Path):
     publisher = publisher_for(api_server, tmp_path)
     publisher.publish(PROGRESS, METRICS, LAST)
     publisher.close()
     (request,) = api_server.requests
-    assert request["path"] == (
-        "/apis/kuberl.io/v1alpha1/namespaces/team-a/rljobs/demo/status?fieldManager=kuberl-runtime&force=true"
+    assert (
+        request["path"] == "/api/v1/namespaces/team-a/configmaps/demo-progress?fieldManager=kuberl-runtime&force=true"
     )
     assert request["headers"]["Content-Type"] == "application/apply-patch+yaml"
     assert request["headers"]["Authorization"] == "Bearer sa-token"
+
+
+def report_of(request: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads(request["body"]["data"]["report.json"]))
 
 
 def test_publish_writes_only_progress_metrics_and_last_checkpoint(api_server: RecordingApiServer, tmp_path: Path):
     publisher = publisher_for(api_server, tmp_path)
     publisher.publish(PROGRESS, METRICS, LAST)
     publisher.close()
-    assert api_server.requests[0]["body"] == {
-        "apiVersion": "kuberl.io/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": "demo", "namespace": "team-a"},
-        "status": {"progress": PROGRESS, "metrics": METRICS, "lastCheckpoint": LAST},
+    body = api_server.requests[0]["body"]
+    assert {key: body[key] for key in ("apiVersion", "kind", "metadata")} == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "demo-progress", "namespace": "team-a"},
     }
+    assert report_of(api_server.requests[0]) == {"progress": PROGRESS, "metrics": METRICS, "lastCheckpoint": LAST}
 
 
 def test_publish_without_a_checkpoint_leaves_last_checkpoint_out(api_server: RecordingApiServer, tmp_path: Path):
     publisher = publisher_for(api_server, tmp_path)
     publisher.publish({"step": 3}, {}, None)
     publisher.close()
-    assert api_server.requests[0]["body"]["status"] == {"progress": {"step": 3, "epoch": 0}, "metrics": {}}
+    assert report_of(api_server.requests[0]) == {"progress": {"step": 3, "epoch": 0}, "metrics": {}}
 
 
 def test_the_latest_validation_goes_with_every_apply_after_it(api_server: RecordingApiServer, tmp_path: Path):
-    # server-side apply removes a field its manager stops sending: the scores must ride along until replaced
+    # each report replaces the last one whole: the scores must ride along until new ones replace them
     scores = {"step": 2, "samples": 4, "greedyMean": 0.5, "meanAtK": 0.25, "passAtK": 1.0, "majAtK": 0.5}
     publisher = publisher_for(api_server, tmp_path, min_interval=0.0)
     for step, validation in ((1, None), (2, scores), (3, None)):
@@ -370,7 +375,7 @@ def test_the_latest_validation_goes_with_every_apply_after_it(api_server: Record
         assert api_server.arrived.wait(5.0)
         api_server.arrived.clear()
     publisher.close()
-    sent = [r["body"]["status"].get("validation") for r in api_server.requests]
+    sent = [report_of(r).get("validation") for r in api_server.requests]
     assert sent == [None, scores, scores]
 
 
@@ -381,7 +386,7 @@ def test_publishing_faster_than_the_interval_sends_only_the_newest(api_server: R
     for step in (2, 3, 4):
         publisher.publish({"step": step}, {}, None)
     publisher.close()  # flushes the pending one at once
-    assert [r["body"]["status"]["progress"]["step"] for r in api_server.requests] == [1, 4]
+    assert [report_of(r)["progress"]["step"] for r in api_server.requests] == [1, 4]
 
 
 def test_an_unreachable_api_server_is_logged_not_raised(tmp_path: Path, caplog):
@@ -417,15 +422,17 @@ def test_in_a_pod_the_publisher_targets_the_in_cluster_api_server(tmp_path: Path
     env = {
         "KUBERL_JOB_NAME": "demo",
         "KUBERL_JOB_NAMESPACE": "team-a",
+        "KUBERL_STATUS_CONFIGMAP": "demo-progress",
         "KUBERNETES_SERVICE_HOST": "10.96.0.1",
         "KUBERNETES_SERVICE_PORT": "443",
     }
     publisher = StatusPublisher.from_environment(env, service_account_dir=tmp_path)
     assert isinstance(publisher, KubernetesStatusPublisher)
-    assert publisher.url.startswith(
-        "https://10.96.0.1:443/apis/kuberl.io/v1alpha1/namespaces/team-a/rljobs/demo/status?"
-    )
+    assert publisher.url.startswith("https://10.96.0.1:443/api/v1/namespaces/team-a/configmaps/demo-progress?")
     publisher.close()
+    # a worker pod (no KUBERL_STATUS_CONFIGMAP, and no token: the operator mounts it in the head pod only)
+    del env["KUBERL_STATUS_CONFIGMAP"]
+    assert type(StatusPublisher.from_environment(env, service_account_dir=tmp_path)) is StatusPublisher
 
 
 # -- where a run starts -----------------------------------------------------------------------------

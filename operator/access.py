@@ -1,0 +1,139 @@
+"""Who may reach and write what, per job: pure builders of the objects that fence one RLJob in.
+
+- The job's own identity: ServiceAccount, Role and RoleBinding `<job>-runtime`. The Role allows one
+  verb on one object, `patch` on the ConfigMap `<job>-progress`, where the runtime reports progress,
+  metrics and its last checkpoint. RBAC (1.20 too) enforces `resourceNames`, so a job's pods cannot
+  touch a neighbour's report, nor any RLJob: the operator alone writes RLJob status, copying the
+  report's fields in after validating them (decide.py). The token is mounted only in the head pod,
+  where the controller publishes (builders.py).
+- The Ray token Secret `<job>-ray-token`: KubeRay's `authOptions {mode: token, secretName}` (KubeRay
+  1.6+) turns Ray's token authentication on and puts the token into every Ray container and into
+  its own dashboard client. The operator creates the Secret with a fresh random token at the edge
+  (reconcile.py: these builders hold no secret) and never reads it back: it may `create` Secrets, no
+  more.
+- The NetworkPolicy `<job>-ray`: the job's pods accept connections only from the job's own pods and,
+  on the dashboard port, from KubeRay's operator (which submits the job and polls its status there).
+
+Each is created once and never changed (`CREATE_ONLY`): the Role and its binding do not drift, the
+Secret's token is never overwritten, and an object of the same name that someone else made is never
+taken over. All carry the job label and an owner reference, so deleting
+the RLJob garbage-collects them.
+"""
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from kuberl.operator import names
+from kuberl.operator.builders import Owner, child_metadata
+
+#: The Secret key KubeRay reads the Ray token from (its RAY_AUTH_TOKEN_SECRET_KEY).
+RAY_TOKEN_KEY = "auth_token"
+#: The Ray dashboard / Jobs API port, where KubeRay's operator submits the job and reads its status.
+DASHBOARD_PORT = 8265
+#: Kinds created with a plain create and never changed afterwards (so an object of that name that is not the
+#: job's is never taken over either); the ConfigMaps are server-side applied once the operator knows them its own.
+CREATE_ONLY = frozenset({"ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy", "RayJob"})
+
+
+@dataclass(frozen=True)
+class KubeRayPeer:
+    """Where KubeRay's operator runs: its pods' labels, and its namespace (None: any namespace)."""
+
+    labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/name": "kuberay-operator"})
+    namespace: str | None = None
+
+
+def build_runtime_identity(owner: Owner) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding `<job>-runtime`: patch the job's own report, and nothing else."""
+    name = names.runtime_account_name(owner.name)
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": child_metadata(owner, name),
+        "automountServiceAccountToken": False,  # the head pod asks for it; no other pod gets it
+    }
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": child_metadata(owner, name),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [names.progress_configmap_name(owner.name)],
+                "verbs": ["patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": child_metadata(owner, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+    }
+    return [account, role, binding]
+
+
+def build_progress_configmap(owner: Owner) -> dict[str, Any]:
+    """`<job>-progress`, empty: the runtime fills `data` (field manager kuberl-runtime); the operator reads it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_metadata(
+            owner, names.progress_configmap_name(owner.name), labels={names.COMPONENT_LABEL: names.PROGRESS_COMPONENT}
+        ),
+    }
+
+
+def build_ray_token_secret(owner: Owner) -> dict[str, Any]:
+    """`<job>-ray-token` without its token: reconcile.py adds a fresh one when it creates the Secret."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": child_metadata(owner, names.ray_token_secret_name(owner.name)),
+    }
+
+
+def new_ray_token() -> str:
+    """A fresh token for one Ray cluster: 32 random bytes, URL-safe base64 (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def with_new_token(secret: dict[str, Any]) -> dict[str, Any]:
+    """`build_ray_token_secret`'s Secret with a fresh token, as it is created (never re-read or rewritten)."""
+    return {**secret, "stringData": {RAY_TOKEN_KEY: new_ray_token()}}
+
+
+def build_network_policy(owner: Owner, kuberay: KubeRayPeer) -> dict[str, Any]:
+    """Ingress to the job's pods from the job's pods, and from KubeRay's operator to the dashboard only."""
+    own_pods = {"podSelector": {"matchLabels": {names.JOB_LABEL: owner.name}}}
+    namespaces: dict[str, Any] = (
+        {"matchLabels": {"kubernetes.io/metadata.name": kuberay.namespace}} if kuberay.namespace else {}
+    )
+    kuberay_operator = {"namespaceSelector": namespaces, "podSelector": {"matchLabels": dict(kuberay.labels)}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": child_metadata(owner, names.network_policy_name(owner.name)),
+        "spec": {
+            "podSelector": {"matchLabels": {names.JOB_LABEL: owner.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [own_pods]},
+                {"from": [kuberay_operator], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]},
+            ],
+        },
+    }
+
+
+def build_access(owner: Owner, kuberay: KubeRayPeer) -> list[dict[str, Any]]:
+    """Everything above, in the order to create it: nothing a pod needs is missing when KubeRay makes the pods."""
+    return [
+        *build_runtime_identity(owner),
+        build_ray_token_secret(owner),
+        build_network_policy(owner, kuberay),
+        build_progress_configmap(owner),
+    ]

@@ -1,0 +1,59 @@
+"""A cluster without KubeRay: the job says so in a condition instead of failing every pass on the RayJob list.
+
+This module runs its own API server holding only the RLJob CRD (the session's has the KubeRay stand-ins),
+and one reconcile pass (the same `Reconciler` the operator runs) against it; the KubeRay stand-in CRD is
+then installed and the next pass creates the RayJob.
+"""
+
+from collections.abc import Iterator
+
+import kubernetes
+import pytest
+from kubernetes.client import Configuration
+
+from kuberl.operator import names
+from kuberl.operator.decide import KUBERAY_RETRY_SECONDS
+from kuberl.operator.kube import Kube
+from kuberl.operator.metrics import OperatorMetrics
+from kuberl.operator.reconcile import Reconciler
+from kuberl.operator.settings import OperatorSettings
+from tests.integration.envtest import FAKE_KUBERAY_CRDS, RLJOB_CRD, ControlPlane, start_control_plane
+from tests.integration.operator.conftest import rljob_manifest, tiny_spec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def bare_cluster() -> Iterator[ControlPlane]:
+    cp = start_control_plane([RLJOB_CRD], start_controller_manager=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+def admin_kube(cp: ControlPlane) -> Kube:
+    configuration = Configuration()
+    kubernetes.config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
+    return Kube(configuration)
+
+
+def test_without_kuberay_the_job_waits_with_a_condition_saying_what_to_install(bare_cluster: ControlPlane):
+    kube = admin_kube(bare_cluster)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "no-kuberay"}}
+    bare_cluster.request("POST", "/api/v1/namespaces", namespace)
+    kube.create(names.rljob_path("no-kuberay"), rljob_manifest("waiting", "no-kuberay", tiny_spec()))
+    reconciler = Reconciler(kube, OperatorSettings(), OperatorMetrics())
+
+    decision = reconciler.run_pass("no-kuberay", "waiting")
+    assert decision is not None and decision.requeue_after == KUBERAY_RETRY_SECONDS
+    status = (kube.get(names.rljob_path("no-kuberay", "waiting")) or {})["status"]
+    (created,) = status["conditions"]
+    assert (created["type"], created["status"], created["reason"]) == ("Created", "False", "KubeRayMissing")
+    assert "install KubeRay" in created["message"]
+    assert status["phase"] == "Pending"
+
+    bare_cluster.install_crds(FAKE_KUBERAY_CRDS)  # KubeRay installed meanwhile
+    reconciler.run_pass("no-kuberay", "waiting")
+    assert kube.get(names.rayjob_path("no-kuberay", "waiting-0")) is not None
+    kube.close()

@@ -1,0 +1,121 @@
+"""A job's Ray cluster refuses a job submitted without its token (real Ray, token authentication as configured).
+
+The operator's part is the RayJob's `authOptions` and the Secret it creates with a fresh token; KubeRay's
+part, which cannot run here, is to put that token into the Ray containers. This test plays KubeRay's part
+(`kuberay_auth_env`, after its `configureAuth`: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from the Secret's
+`auth_token`) and starts a real Ray head with its dashboard, whose Jobs API is what `ray job submit` uses
+and what an attacker on the pod network would call. The head runs in a process of its own, stopped by
+closing its stdin (ray.shutdown), never by `ray stop`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kuberl.api import parse_rljob
+from kuberl.operator.access import RAY_TOKEN_KEY, build_ray_token_secret, with_new_token
+from kuberl.operator.builders import Owner, build_rayjob
+from tests.integration.envtest import free_port
+from tests.unit.operator.conftest import UID, base_spec, make_rljob
+
+pytestmark = pytest.mark.integration
+
+HEAD = """
+import sys, ray
+ray.init(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=int(sys.argv[1]), num_cpus=1,
+         _temp_dir=sys.argv[2])
+print("READY", flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+
+def kuberay_auth_env(rayjob: dict[str, Any], secrets: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The environment KubeRay gives every Ray container of a cluster with `authOptions` (its stand-in here)."""
+    options = rayjob["spec"]["rayClusterSpec"]["authOptions"]
+    assert options["mode"] == "token"
+    secret = secrets[options["secretName"]]
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secret["stringData"][RAY_TOKEN_KEY]}
+
+
+@pytest.fixture(scope="module")
+def authenticated_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(dashboard URL, token) of a real Ray head started as the job's RayJob and Secret configure it."""
+    owner = Owner(name="tiny-grpo", namespace="team-a", uid=UID)
+    rayjob = build_rayjob(parse_rljob(make_rljob(base_spec())), owner, 0, default_image="i:1", generation=1)
+    secret = with_new_token(build_ray_token_secret(owner))  # what the operator creates
+    auth = kuberay_auth_env(rayjob, {secret["metadata"]["name"]: secret})
+    port = free_port()
+    env = {**os.environ, **auth, "RAY_USAGE_STATS_ENABLED": "0"}
+    temp = Path(tmp_path_factory.mktemp("ray", numbered=True))
+    head = subprocess.Popen(
+        [sys.executable, "-c", HEAD, str(port), str(temp)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=temp,
+        text=True,
+    )
+    try:
+        assert head.stdout is not None
+        for line in head.stdout:  # blocks until Ray is up (or the process ended)
+            if line.startswith("READY"):
+                break
+        else:
+            pytest.fail(f"the Ray head did not start (exit {head.wait()})")
+        yield f"http://127.0.0.1:{port}", auth["RAY_AUTH_TOKEN"]
+    finally:
+        if head.stdin is not None:
+            head.stdin.close()  # ray.shutdown() in the head process
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait(10)
+
+
+def jobs_api(url: str, method: str, token: str | None = None, body: Any = None) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{url}/api/jobs/", data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_a_job_submitted_without_the_token_is_refused(authenticated_head: tuple[str, str]):
+    url, _ = authenticated_head
+    status, _ = jobs_api(url, "POST", body={"entrypoint": "env"})  # `ray job submit -- env`, to read the Secrets
+    assert status == 401
+
+
+def test_a_job_submitted_with_another_token_is_refused(authenticated_head: tuple[str, str]):
+    url, token = authenticated_head
+    status, text = jobs_api(url, "POST", token="x" * len(token), body={"entrypoint": "env"})
+    assert status == 403 and "Invalid authentication token" in text
+
+
+def test_the_jobs_own_token_is_let_in_and_nothing_refused_ran(authenticated_head: tuple[str, str]):
+    url, token = authenticated_head
+    deadline = time.monotonic() + 60
+    status, text = jobs_api(url, "GET", token=token)
+    while status != 200 and time.monotonic() < deadline:  # the job agent may still be starting
+        time.sleep(0.5)
+        status, text = jobs_api(url, "GET", token=token)
+    assert status == 200
+    submitted = [job for job in json.loads(text) if job["type"] == "SUBMISSION"]
+    assert submitted == []  # the refused submissions above never ran
