@@ -10,6 +10,14 @@ group with `.options(resources={"kuberl_<role>": 1})`. Elastic roles (minReplica
 turn on KubeRay's in-tree autoscaler; the RayJob is never re-applied once created, so replica
 counts the autoscaler moves are never fought over.
 
+With `spec.queueName` the RayJob carries Kueue's queue label (and priority-class label) and is
+created suspended, as Kueue's RayJob integration requires: Kueue unsuspends it on admission and
+suspends it again to preempt it. The same never-re-applied rule means the operator never writes
+`suspend` back while Kueue owns it.
+
+The head also serves the runtime's Prometheus metrics (`METRICS_PORT`, named `kuberl-metrics`,
+handed to the runtime as KUBERL_METRICS_PORT) for a PodMonitor to scrape.
+
 The entrypoint is an argument list joined with shlex.join: KubeRay hands it to a shell
 (`ray job submit ... -- <entrypoint>`), and no user string is ever pasted into it.
 """
@@ -248,6 +256,16 @@ def head_group(job: RLJob, image: str, cpu: str, memory: str, service_account: s
     }
 
 
+def kueue_labels(job: RLJob) -> dict[str, str]:
+    """Kueue's queue and priority-class labels for spec.queueName / spec.workloadPriorityClass; none without a queue."""
+    if job.spec.queue_name is None:
+        return {}
+    labels = {names.KUEUE_QUEUE_LABEL: job.spec.queue_name}
+    if job.spec.workload_priority_class is not None:
+        labels[names.KUEUE_PRIORITY_LABEL] = job.spec.workload_priority_class
+    return labels
+
+
 def build_rayjob(
     job: RLJob,
     owner: Owner,
@@ -269,11 +287,13 @@ def build_rayjob(
         "metadata": child_metadata(
             owner,
             names.rayjob_name(owner.name, index),
-            labels=marks,
+            labels={**marks, **kueue_labels(job)},
             annotations={**marks, names.GENERATION_ANNOTATION: str(generation)},
         ),
         "spec": {
             "entrypoint": entrypoint(resume=index > 0),
+            # Kueue admits a queued RayJob by unsuspending it; it must be created suspended.
+            **({"suspend": True} if job.spec.queue_name else {}),
             "shutdownAfterJobFinishes": True,
             "rayClusterSpec": {
                 "enableInTreeAutoscaling": any(pool.is_elastic for _, pool in pools),

@@ -16,6 +16,9 @@ JOB_LABEL = "kuberl.io/job"
 RESTART_LABEL = "kuberl.io/restart"
 #: Annotation on children: the RLJob metadata.generation whose spec they were built from.
 GENERATION_ANNOTATION = "kuberl.io/generation"
+#: Kueue's labels on a job it manages: the LocalQueue it waits in, and its WorkloadPriorityClass.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Where the ConfigMap is mounted in every pod, and the key holding the RLJob manifest.
 SPEC_MOUNT_DIR = "/etc/kuberl"
 SPEC_KEY = "rljob.yaml"
