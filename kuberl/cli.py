@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("spec", help="RLJob YAML file")
     run.add_argument("--output", help="directory for everything the run writes (default: runs/<job name>/)")
     run.add_argument("--address", help="join this Ray cluster instead of starting one")
+    run.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics at :PORT/metrics while it runs (0: any free port)"
+    )
     run.set_defaults(func=cmd_run)
 
     operator = sub.add_parser("operator", help="run the kopf operator against the current kube context")

@@ -37,7 +37,11 @@ from kuberl.operator.pods import container_resources, merge
 
 #: Units of its group's custom Ray resource each worker pod offers (actors ask for 1, or a fraction).
 RAY_RESOURCE_UNITS = 1000
-#: Ports of the Ray head (KubeRay's defaults, spelled out).
+#: The runtime's Prometheus metrics on the Ray head (the driver serves /metrics; runtime/telemetry.py).
+METRICS_PORT = 9464
+METRICS_PORT_NAME = "kuberl-metrics"
+METRICS_PORT_ENV = "KUBERL_METRICS_PORT"
+#: Ports of the Ray head (KubeRay's defaults, spelled out) and the runtime's metrics.
 HEAD_PORTS = (
     {"containerPort": 6379, "name": "gcs"},
     {"containerPort": 8265, "name": "dashboard"},
@@ -45,6 +49,7 @@ HEAD_PORTS = (
         "containerPort": 10001,
         "name": "client",
     },
+    {"containerPort": METRICS_PORT, "name": METRICS_PORT_NAME},
 )
 SPEC_VOLUME = "kuberl-spec"
 CHECKPOINT_VOLUME = "kuberl-checkpoints"
@@ -150,6 +155,8 @@ def pod_env(job: RLJob, role: str) -> list[dict[str, Any]]:
         {"name": "KUBERL_JOB_NAMESPACE", "value": job.metadata.namespace or ""},
         {"name": "KUBERL_ROLE", "value": role},
     ]
+    if role == "head":  # the driver runs there and serves the metrics
+        own.append({"name": METRICS_PORT_ENV, "value": str(METRICS_PORT)})
     endpoint = job.spec.reward.endpoint
     if endpoint is not None and endpoint.secret_ref is not None:
         own.append(

@@ -34,6 +34,7 @@ from kuberl.runtime.dynamic_sampling import DynamicSampler, filter_values
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.plan import RunPlan
 from kuberl.runtime.step_metrics import reward_metrics, trained_batch_metrics
+from kuberl.runtime.telemetry import stage_throughput
 from kuberl.runtime.updates import UpdateConfig, token_rewards_from_scores
 from kuberl.runtime.validation import Scored, validation_metrics
 from kuberl.runtime.workers.group import WorkerGroup
@@ -165,9 +166,8 @@ class Controller:
         metrics.update(timings)
         metrics.update(self.groups.reward.metrics())
         metrics["time/step"] = sum(timings.values())
-        metrics["throughput/tokens_per_second"] = float(generated.response_mask.sum()) / max(
-            timings["time/rollout"], 1e-9
-        )
+        trained_tokens = float(batch.response_mask.sum()) if batch is not None else None
+        metrics.update(stage_throughput(timings, float(generated.response_mask.sum()), trained_tokens))
         return StepResult(step, epoch, metrics)
 
     # -- stages -------------------------------------------------------------------------------------

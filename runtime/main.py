@@ -73,6 +73,10 @@ class Preempted(Exception):
         self.checkpoint = checkpoint
 
 
+#: Where the operator mounts checkpoint.pvcClaimName in every pod (operator/names.py CHECKPOINT_MOUNT_DIR).
+CLAIM_MOUNT = "/checkpoints"
+
+
 def checkpoint_uri(job: RLJob, output_dir: Path) -> str:
     """checkpoint.uri as given (relative paths inside the output folder), the claim's mount, or <output>/checkpoints."""
     ckpt = job.spec.checkpoint
@@ -81,8 +85,14 @@ def checkpoint_uri(job: RLJob, output_dir: Path) -> str:
             return ckpt.uri
         return str(output_dir / ckpt.uri)
     if ckpt.pvc_claim_name:
-        return "/checkpoints"
+        return CLAIM_MOUNT
     return str(output_dir / "checkpoints")
+
+
+def default_output_dir(job: RLJob) -> Path:
+    """runs/<job name>/, or the checkpoint claim's mount when the job has one: the exported model, metrics.jsonl
+    and TensorBoard events then outlive the pod, on the claim beside the checkpoints."""
+    return Path(CLAIM_MOUNT) if job.spec.checkpoint.pvc_claim_name else Path("runs") / job.metadata.name
 
 
 def start_rollout_pool(job: RLJob, plan: Any) -> Any:
@@ -187,10 +197,16 @@ class Checkpointing:
 
 
 def run_job(
-    job: RLJob, output_dir: Path, base_dir: Path, address: str | None = None, progress: bool = True
+    job: RLJob,
+    output_dir: Path,
+    base_dir: Path,
+    address: str | None = None,
+    progress: bool = True,
+    metrics_port: int | None = None,
 ) -> RunResult:
     """Run `job` to the end, resuming from its latest checkpoint; raises on a job that cannot run, and
-    `Preempted` after saving when SIGTERM arrives."""
+    `Preempted` after saving when SIGTERM arrives. With `metrics_port` (or $KUBERL_METRICS_PORT) the
+    driver serves Prometheus metrics at /metrics while it runs."""
     import ray
 
     from kuberl.runtime.checkpoint import PreemptionWatcher
@@ -198,6 +214,7 @@ def run_job(
     from kuberl.runtime.metrics import RunReporter
     from kuberl.runtime.plan import make_plan
     from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
+    from kuberl.runtime.telemetry import PrometheusExporter
     from kuberl.runtime.validation import validation_status
 
     plan = make_plan(job, output_dir, base_dir, cache_dir())  # every check before anything is written
@@ -208,6 +225,11 @@ def run_job(
     reward: Any = None
     rollout: Any = None
     publisher = StatusPublisher.from_environment()
+    exporter = PrometheusExporter.from_environment(
+        job.metadata.name, job.metadata.namespace or "default", plan.total_steps, metrics_port
+    )
+    if exporter is not None:
+        log.info("serving Prometheus metrics at http://0.0.0.0:%d/metrics", exporter.port)
     try:
         with PreemptionWatcher() as preemption:
             actor, reward = start_groups(job, plan)
@@ -216,12 +238,27 @@ def run_job(
             checkpointing = Checkpointing(job, output_dir, actor)
             start_step = checkpointing.resume()
             controller = Controller(plan, Groups(actor=actor, reward=reward, rollout=rollout))
-            reporter = RunReporter(output_dir, plan.total_steps, start_step=start_step, show_progress=progress)
+            reporter = RunReporter(
+                output_dir,
+                plan.total_steps,
+                start_step=start_step,
+                show_progress=progress,
+                max_new_tokens=job.spec.rollout.max_new_tokens,
+            )
+
+            def export_checkpoint() -> None:
+                if exporter is not None and checkpointing.latest is not None:
+                    exporter.checkpoint_committed(checkpointing.latest.step, checkpointing.latest.time.timestamp())
+
+            export_checkpoint()
 
             def on_step(result: StepResult) -> None:
                 reporter.log_step(result.step, result.epoch, result.metrics)
+                if exporter is not None:  # after metrics.jsonl has the step: a scrape never runs ahead of the file
+                    exporter.record(reporter.history[-1])
                 final = result.step + 1 == plan.total_steps
                 checkpointing.after_step(result.step, result.epoch, final=final, preempted=preemption.requested)
+                export_checkpoint()
                 latest = checkpointing.latest.to_status() if checkpointing.latest else None
                 progress_status = {
                     "step": result.step + 1,
@@ -245,6 +282,8 @@ def run_job(
         return RunResult(output_dir, plan.total_steps, reporter.history, model_dir, plot)
     finally:
         publisher.close()
+        if exporter is not None:
+            exporter.close()
         if reward is not None:
             reward.shutdown()
         for group in (actor, rollout):
@@ -272,9 +311,16 @@ def run_from_cli(args: argparse.Namespace) -> int:
     except ManifestError as error:
         print(error, file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    output = Path(args.output) if args.output else Path("runs") / job.metadata.name
+    output = Path(args.output) if args.output else default_output_dir(job)
+    started = time.monotonic()
     try:
-        result = run_job(job, output, Path(args.spec).resolve().parent, address=args.address)
+        result = run_job(
+            job,
+            output,
+            Path(args.spec).resolve().parent,
+            address=args.address,
+            metrics_port=getattr(args, "metrics_port", None),
+        )
     except (RunConfigError, DataError, ModelNotFoundError, RewardConfigError) as error:
         print(f"kuberl run: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
@@ -285,13 +331,49 @@ def run_from_cli(args: argparse.Namespace) -> int:
     if not result.history:
         print(f"nothing to do: {output} already holds the finished run ({result.steps} steps)")
         return 0
-    first, last = result.history[0], result.history[-1]
-    print(f"done: {result.steps} steps in {output}/")
-    print(f"  reward {first.get('reward/mean', 0):.3f} -> {last.get('reward/mean', 0):.3f}")
+    print(f"done: {result.steps} steps in {time.monotonic() - started:.0f} s, in {output}/")
+    for line in learning_summary(result.history, job.spec.rollout.max_new_tokens):
+        print(f"  {line}")
     print(f"  metrics: {output / 'metrics.jsonl'}  plot: {result.plot}  tensorboard: {output / 'tensorboard'}")
     if result.model_dir:
         print(f"  model: {result.model_dir}")
     return 0
+
+
+#: Steps averaged at the end of a run in the final summary (one step's mean reward is noisy).
+SUMMARY_STEPS = 5
+
+
+def learning_summary(history: list[dict[str, Any]], max_new_tokens: int) -> list[str]:
+    """What the run learned: the first step (the model as it started) against the mean of the last steps.
+
+    >>> history = [{"reward/mean": 0.4, "response/length_mean": 8.0, "kl/mean": 0.0},
+    ...            {"reward/mean": 0.9, "response/length_mean": 4.0, "kl/mean": 0.7},
+    ...            {"reward/mean": 1.0, "response/length_mean": 4.0, "kl/mean": 0.5}]
+    >>> for line in learning_summary(history, 12): print(line)
+    reward            0.400 -> 0.950   (step 1 -> mean of the last 2 steps)
+    response length     8.0 -> 4.0     tokens (limit 12)
+    KL to reference   0.000 -> 0.600   nats per token (at most 0.700)
+    """
+    last = history[-max(1, min(SUMMARY_STEPS, len(history) - 1)) :]
+
+    def mean(key: str) -> float:
+        values = [record[key] for record in last if key in record]
+        return sum(values) / len(values) if values else float("nan")
+
+    first = history[0]
+    lines = [
+        f"reward           {first.get('reward/mean', float('nan')):6.3f} -> {mean('reward/mean'):<7.3f} "
+        f"(step {first.get('step', 1)} -> mean of the last {len(last)} steps)",
+        f"response length  {first.get('response/length_mean', float('nan')):6.1f} -> "
+        f"{mean('response/length_mean'):<7.1f} tokens (limit {max_new_tokens})",
+    ]
+    kls = [record["kl/mean"] for record in history if "kl/mean" in record]
+    if kls:  # no reference model, no KL
+        lines.append(
+            f"KL to reference  {kls[0]:6.3f} -> {mean('kl/mean'):<7.3f} nats per token (at most {max(kls):.3f})"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,4 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="output folder (default runs/<job name>/)")
     parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     parser.add_argument("--resume", action="store_true", help="resume from the latest checkpoint (the default)")
+    parser.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics at :PORT/metrics (default: $KUBERL_METRICS_PORT)"
+    )
     return run_from_cli(parser.parse_args(argv))

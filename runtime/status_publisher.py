@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kuberl.api.status import CheckpointRef, Metrics, Progress, Validation
+from kuberl.runtime.telemetry import status_fields
 
 log = logging.getLogger(__name__)
 
@@ -33,28 +34,14 @@ GROUP, VERSION, PLURAL, KIND = "kuberl.io", "v1alpha1", "rljobs", "RLJob"
 FIELD_MANAGER = "kuberl-runtime"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
-#: The controller's metric names -> status.metrics fields (api/status.py Metrics).
-STATUS_METRICS = {
-    "reward/mean": "reward_mean",
-    "kl/mean": "kl",
-    "response/length_mean": "response_length",
-    "throughput/tokens_per_second": "tokens_per_second",
-    "reward/pool_size": "reward_workers",
-}
-
 
 def status_metrics(step_metrics: Mapping[str, float]) -> dict[str, Any]:
-    """The headline metrics of a step, keyed as status.metrics wants them.
+    """The headline metrics of a step, keyed as status.metrics wants them (`telemetry.EXPORTS` names them).
 
     >>> status_metrics({"reward/mean": 0.5, "kl/mean": 0.01, "time/step": 3.0})
     {'rewardMean': 0.5, 'kl': 0.01}
     """
-    fields: dict[str, Any] = {
-        field: step_metrics[name] for name, field in STATUS_METRICS.items() if name in step_metrics
-    }
-    if "reward_workers" in fields:
-        fields["reward_workers"] = int(fields["reward_workers"])
-    return Metrics.model_validate(fields).to_manifest()
+    return Metrics.model_validate(status_fields(step_metrics)).to_manifest()
 
 
 def apply_patch(

@@ -253,3 +253,13 @@ def test_every_ray_pod_runs_as_the_runtime_service_account_unless_a_pool_names_a
     assert groups(rayjob)["actor"]["template"]["spec"]["serviceAccountName"] == "team-trainer"
     # without the operator's setting the pods keep the namespace's default account
     assert all("serviceAccountName" not in pod for pod in all_pod_specs(rayjob_for()))
+
+
+def test_the_head_serves_the_runtime_metrics_on_a_named_port_and_only_the_head():
+    rayjob = rayjob_for()
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"containerPort": 9464, "name": "kuberl-metrics"} in head["ports"]
+    assert {"name": "KUBERL_METRICS_PORT", "value": "9464"} in head["env"]
+    for group in groups(rayjob).values():
+        (worker,) = group["template"]["spec"]["containers"]
+        assert "KUBERL_METRICS_PORT" not in {entry["name"] for entry in worker["env"]}
