@@ -12,6 +12,7 @@ Its namespaces are `chart-*`, never `op-*`: the operator tests' own operator wat
 """
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import threading
@@ -158,38 +159,32 @@ def uninstall(cp: ControlPlane, objects: list[dict[str, Any]], namespaces: list[
                 raise
 
 
-@pytest.fixture(scope="module", params=["cluster", "namespace"])
-def installation(
-    control_plane: ControlPlane,  # noqa: F811 - the fixture of that name
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
+@contextlib.contextmanager
+def installed(
+    cp: ControlPlane,
+    values: dict[str, Any],
+    *,
+    release_namespace: str,
+    jobs_namespace: str,
+    folder: Path,
+    create_namespaces: tuple[str, ...] = (),
 ) -> Iterator[Installation]:
-    pytest.importorskip("helm_python", reason="rendering the chart needs helm-python-sdk (the dev extra)")
-    scope: str = request.param
-    suffix = secrets.token_hex(3)
-    release_namespace, jobs_namespace = f"chart-{scope[:2]}-rel-{suffix}", f"chart-{scope[:2]}-jobs-{suffix}"
-    values = {
-        "rbac": {"scope": scope},
-        "watchNamespaces": [jobs_namespace],
-        "runtime": {"namespaces": [jobs_namespace]},
-    }
+    """`helm install` of the chart with `values` into `release_namespace`, and the operator running as the chart's
+    ServiceAccount; on exit, everything it made is removed (both namespaces included)."""
     objects = render(values, name=RELEASE, namespace=release_namespace)
     settings = operator_settings(objects)
     webhook = settings.webhook_configuration or ""
-    for namespace in (release_namespace, jobs_namespace):
-        create_namespace(control_plane, namespace)
-    client = admin_client(control_plane)
+    for namespace in create_namespaces:
+        create_namespace(cp, namespace)
+    client = admin_client(cp)
     try:
         helm_install_crds(client, chart_crds())
         helm_apply(client, objects)
         service_account = one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-        operator_token = service_account_token(control_plane, release_namespace, service_account)
-        runtime_token = service_account_token(control_plane, jobs_namespace, "kuberl-runtime")
-        folder = tmp_path_factory.mktemp(f"chart-{scope}")
+        operator_token = service_account_token(cp, release_namespace, service_account)
+        runtime_token = service_account_token(cp, jobs_namespace, "kuberl-runtime")
         kubeconfig = folder / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(kubeconfig_for(control_plane.server, operator_token, control_plane.ca_file))
-        )
+        kubeconfig.write_text(yaml.safe_dump(kubeconfig_for(cp.server, operator_token, cp.ca_file)))
         (folder / "runtime-token").write_text(runtime_token)
         logs: list[logging.LogRecord] = []
         handler = Collect(logs)
@@ -202,15 +197,15 @@ def installation(
             stop, ready = threading.Event(), threading.Event()
             thread = threading.Thread(
                 target=lambda: asyncio.run(serve(built, stop_flag=stop, ready_flag=ready)),
-                name=f"chart-operator-{scope}",
+                name=f"chart-operator-{release_namespace}",
                 daemon=True,
             )
             thread.start()
             try:
                 assert ready.wait(30), "the operator did not start"
-                wait_until(lambda: webhook_registered(control_plane, webhook), timeout=30, what=f"webhook {webhook}")
+                wait_until(lambda: webhook_registered(cp, webhook), timeout=30, what=f"webhook {webhook}")
                 yield Installation(
-                    scope=scope,
+                    scope=str(values.get("rbac", {}).get("scope", "cluster")),
                     release_namespace=release_namespace,
                     jobs_namespace=jobs_namespace,
                     objects=objects,
@@ -230,4 +225,30 @@ def installation(
                 for name in ("kopf", "kuberl"):
                     logging.getLogger(name).removeHandler(handler)
     finally:
-        uninstall(control_plane, objects, [release_namespace, jobs_namespace], webhook)
+        uninstall(cp, objects, [release_namespace, jobs_namespace], webhook)
+
+
+@pytest.fixture(scope="module", params=["cluster", "namespace"])
+def installation(
+    control_plane: ControlPlane,  # noqa: F811 - the fixture of that name
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Installation]:
+    pytest.importorskip("helm_python", reason="rendering the chart needs helm-python-sdk (the dev extra)")
+    scope: str = request.param
+    suffix = secrets.token_hex(3)
+    release_namespace, jobs_namespace = f"chart-{scope[:2]}-rel-{suffix}", f"chart-{scope[:2]}-jobs-{suffix}"
+    values = {
+        "rbac": {"scope": scope},
+        "watchNamespaces": [jobs_namespace],
+        "runtime": {"namespaces": [jobs_namespace]},
+    }
+    with installed(
+        control_plane,
+        values,
+        release_namespace=release_namespace,
+        jobs_namespace=jobs_namespace,
+        folder=tmp_path_factory.mktemp(f"chart-{scope}"),
+        create_namespaces=(release_namespace, jobs_namespace),
+    ) as installation:
+        yield installation
