@@ -256,4 +256,6 @@ class PrometheusExporter:
         chosen = port if port is not None else env.get(METRICS_PORT_ENV)
         if chosen in (None, ""):
             return None
+        if not str(chosen).isdigit() or int(chosen) > 65535:
+            raise ValueError(f"{METRICS_PORT_ENV} / --metrics-port is {chosen!r}; give a port number (0: any free)")
         return cls(job_name, namespace, planned_steps, int(chosen))

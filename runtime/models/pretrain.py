@@ -13,15 +13,15 @@ length, each ending with the end-of-text token:
 So the pretrained model continues a count and knows that a text ends, but not where the demo task
 wants it to end: the task (`rewards.builtin.tiny_task`) pays only for exactly the next three
 numbers, and the corpus's runs go on for 1 to `max_continuation` numbers past the three a prompt
-shows. Measured on the demo's prompts (sampling at temperature 1): a mean reward of ~0.4, responses
-of ~8 tokens, ~80% of the numbers right. What RL teaches is the task's own rule, stop after three,
-and the counting it still gets wrong.
+shows. Measured on the demo's prompts (its first step, sampling at temperature 1): a mean reward
+of 0.49 and responses of ~7 tokens, 14% of them cut at the 12-token limit. What RL teaches is the
+task's own rule, stop after three, and the counting it still gets wrong.
 
 Departs from how instruct models are made in one way: no chat template and no instructions, only
 the raw text format the demo's prompts use (`data.chatTemplate: false`).
 
 Deterministic for one machine and thread count: documents from `random.Random(seed)`, weights from
-`torch.manual_seed(seed)`, two threads. Other CPUs may differ in the last bits of the float
+`torch.manual_seed(seed)`, one thread. Other CPUs may differ in the last bits of the float
 arithmetic, so two machines' builds of `tiny://counter` are close, not byte-identical.
 """
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-#: Threads the pretraining uses, fixed so one machine's builds repeat exactly (the build holds the caller's
-#: process, before any Ray worker exists).
+#: Threads the pretraining uses, fixed so one machine's builds repeat exactly. One: on a busy 2-core machine
+#: two OpenMP threads took ~10 min where one took 26 s (at a load of ~10; the threads wait on each other).
 PRETRAINING_THREADS = 1
 
 

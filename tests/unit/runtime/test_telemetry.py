@@ -134,6 +134,11 @@ def test_the_exporter_runs_when_a_port_is_given(port, env, serves):
         exporter.close()
 
 
+def test_a_port_that_is_no_number_is_refused_naming_the_variable():
+    with pytest.raises(ValueError, match="KUBERL_METRICS_PORT.*'metrics'"):
+        PrometheusExporter.from_environment("j", "ns", 1, env={"KUBERL_METRICS_PORT": "metrics"})
+
+
 def test_the_operator_hands_the_runtime_the_metrics_port_it_names_on_the_head():
     # The seam: the operator sets this variable on the head; the runtime reads it.
     assert builders.METRICS_PORT_ENV == telemetry.METRICS_PORT_ENV
