@@ -333,7 +333,8 @@ def _missing(p: _Pass) -> bool:
     if name in p.foreign:
         p.requeue.append(FOREIGN_NAME_RETRY_SECONDS)
         return True
-    p.status = replace(p.status, phase=Phase.STARTING, dashboard_url=None)
+    queued = p.run_job.spec.queue_name is not None  # created suspended again: back in the queue
+    p.status = replace(p.status, phase=Phase.QUEUED if queued else Phase.STARTING, dashboard_url=None)
     p.delete_all_but(name)
     p.apply_children(names.rayjob_index(p.owner.name, name) or 0)
     return True

@@ -23,13 +23,12 @@ from kuberl.operator import names
 from tests.integration.envtest import ControlPlane
 from tests.integration.operator.conftest import Cluster, wait_for
 from tests.integration.operator.test_operator import TABLE
-from tests.integration.runtime.conftest import ray_session  # noqa: F401 - the session's Ray, for the pod
 from tests.integration.runtime.jobs import DEMO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 QUEUE = "team-a-cpus"
-STEPS = 6
+STEPS = 4
 EXIT_RESUMABLE = 75
 
 
@@ -38,6 +37,7 @@ def queued_demo_spec(claim: Path) -> dict[str, Any]:
     spec["queueName"] = QUEUE
     spec["data"]["train"] = str(DEMO.parent / spec["data"]["train"])  # the pod has no examples/ beside its spec
     spec["training"]["totalSteps"] = STEPS
+    spec["resources"]["actor"]["replicas"] = 1  # one rank: the pod starts faster, and Kueue sees no difference
     # A folder both pods see stands in for the claim: checkpoints and metrics.jsonl outlive a pod.
     spec["checkpoint"] = {"uri": str(claim), "intervalSteps": 2, "exportHf": False}
     spec["runPolicy"] = {"maxRestarts": 1, "backoffSeconds": 0}
@@ -86,7 +86,7 @@ def operator_owns_suspend(rayjob: dict[str, Any]) -> bool:
 def test_kueue_admits_the_job_preempts_it_and_it_resumes_from_its_checkpoint(
     cluster: Cluster,
     control_plane: ControlPlane,
-    ray_session,  # noqa: F811 - the fixture imported above
+    ray_session,
     tmp_path: Path,
 ):
     address = ray_session.get_runtime_context().gcs_address
@@ -114,7 +114,7 @@ def test_kueue_admits_the_job_preempts_it_and_it_resumes_from_its_checkpoint(
     status = cluster.wait_status("queued", phase="Running")
     admitted = next(c for c in status["conditions"] if c["type"] == "Queued")
     assert (admitted["status"], admitted["reason"]) == ("False", "Admitted")
-    # Preempted after its first step: 5 steps from the end, so it cannot finish before the signal arrives.
+    # Preempted after its first step: 3 steps from the end, so it cannot finish before the signal arrives.
     wait_for(lambda: steps_logged(claim), timeout=240, what="the first pod's first step")
     live = cluster.rayjobs()["queued-0"]
     assert live["spec"]["suspend"] is False and not operator_owns_suspend(live)  # the operator leaves it to Kueue

@@ -119,3 +119,11 @@ def test_suspending_a_queued_job_leaves_the_queue(queued: World):
     assert queued.status["phase"] == "Suspended"
     assert queued.rayjobs == {}
     assert queued.condition("Queued")["status"] == "False"
+
+
+def test_a_queued_rayjob_that_vanished_is_created_suspended_again(queued: World):
+    admitted_and_running(queued)
+    del queued.rayjobs["tiny-grpo-0"]
+    queued.step(at(20))
+    assert queued.rayjobs["tiny-grpo-0"]["spec"]["suspend"] is True
+    assert queued.status["phase"] == "Queued"
