@@ -56,7 +56,7 @@ PROGRESS = (
 class Export:
     """One step-record key as the exporters name it."""
 
-    key: str
+    record_key: str
     metric: str  # Prometheus name
     help: str
     labels: tuple[tuple[str, str], ...] = ()  # extra labels, e.g. (("stage", "rollout"),)
@@ -161,7 +161,7 @@ def status_fields(record: Mapping[str, float]) -> dict[str, Any]:
     {'reward_mean': 0.5, 'kl': 0.01}
     """
     fields: dict[str, Any] = {
-        export.status: record[export.key] for export in EXPORTS if export.status and export.key in record
+        export.status: record[export.record_key] for export in EXPORTS if export.status and export.record_key in record
     }
     if "reward_workers" in fields:
         fields["reward_workers"] = int(fields["reward_workers"])
@@ -206,10 +206,10 @@ class StepRecordCollector:
             return families[name]
 
         for export in EXPORTS:
-            if export.key in record:
+            if export.record_key in record:
                 extra = tuple(name for name, _ in export.labels)
                 family(export.metric, export.help, extra).add_metric(
-                    [*values, *(value for _, value in export.labels)], float(record[export.key])
+                    [*values, *(value for _, value in export.labels)], float(record[export.record_key])
                 )
         family(PLANNED_STEPS, RUN_METRICS[PLANNED_STEPS]).add_metric(values, float(self.planned_steps))
         if checkpoint is not None:

@@ -136,8 +136,8 @@ def test_metrics_scraped_during_the_run_equal_the_lines_of_metrics_jsonl(run: De
         compared = 0
         for export in EXPORTS:
             labels = tuple(sorted((*identity, *export.labels)))
-            if export.key in record:
-                assert samples[(export.metric, labels)] == record[export.key], (step, export.key)
+            if export.record_key in record:
+                assert samples[(export.metric, labels)] == record[export.record_key], (step, export.record_key)
                 compared += 1
         assert compared >= 10, f"step {step}: only {compared} values to compare"
         assert {name for name, _ in samples} <= metric_names()

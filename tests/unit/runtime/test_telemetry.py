@@ -33,7 +33,7 @@ def test_every_exported_name_follows_prometheus_conventions():
 def test_no_two_record_keys_share_a_series():
     series = [(export.metric, export.labels) for export in EXPORTS]
     assert len(series) == len(set(series))
-    assert len({export.key for export in EXPORTS}) == len(EXPORTS)
+    assert len({export.record_key for export in EXPORTS}) == len(EXPORTS)
 
 
 def test_one_metric_name_keeps_one_set_of_labels():
