@@ -33,6 +33,8 @@ STATUS_CONFIGMAP_ENV = "KUBERL_STATUS_CONFIGMAP"
 ROLE_ENV = "KUBERL_ROLE"
 #: The bearer token for reward.endpoint, from the key `token` of reward.endpoint.secretRef.
 REWARD_ENDPOINT_TOKEN_ENV = "KUBERL_REWARD_ENDPOINT_TOKEN"
+#: The port the driver serves Prometheus metrics on (/metrics), unless --metrics-port says otherwise.
+METRICS_PORT_ENV = "KUBERL_METRICS_PORT"
 #: Where the runtime resolves and builds models (default ~/.cache/kuberl); the images may set it.
 CACHE_ENV = "KUBERL_CACHE"
 
@@ -88,7 +90,7 @@ RUNTIME_PROGRAM = ("python", "-m", "kuberl.runtime")
 
 @dataclass(frozen=True)
 class RuntimeArgs:
-    """The runtime's arguments; each field is one option `--<field>` (a bool is a switch)."""
+    """The runtime's arguments; each field is one option `--<field>`, `_` spelled `-` (a bool is a switch)."""
 
     spec: str = field(metadata={"help": "the RLJob manifest (YAML)"})
     output: str | None = field(
@@ -104,6 +106,13 @@ class RuntimeArgs:
             "spec.checkpoint.resume is false (the operator passes it to every RayJob after the first)"
         },
     )
+    metrics_port: int | None = field(
+        default=None,
+        metadata={
+            "help": f"serve Prometheus metrics at :PORT/metrics while it runs (0: any free port; default: "
+            f"${METRICS_PORT_ENV})"
+        },
+    )
 
 
 def runtime_command(args: RuntimeArgs) -> list[str]:
@@ -116,10 +125,14 @@ def runtime_command(args: RuntimeArgs) -> list[str]:
     for option in fields(RuntimeArgs):
         value = getattr(args, option.name)
         if value is True:
-            argv.append(f"--{option.name}")
+            argv.append(_flag(option.name))
         elif value is not None and value is not False:
-            argv += [f"--{option.name}", str(value)]
+            argv += [_flag(option.name), str(value)]
     return argv
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def add_runtime_options(parser: argparse.ArgumentParser, *, spec_positional: bool = False) -> None:
@@ -127,11 +140,12 @@ def add_runtime_options(parser: argparse.ArgumentParser, *, spec_positional: boo
     for option in fields(RuntimeArgs):
         help_text = option.metadata["help"]
         if option.type is bool:
-            parser.add_argument(f"--{option.name}", action="store_true", help=help_text)
+            parser.add_argument(_flag(option.name), action="store_true", help=help_text)
         elif option.name == "spec" and spec_positional:
             parser.add_argument("spec", help=help_text)
         else:
-            parser.add_argument(f"--{option.name}", required=option.name == "spec", help=help_text)
+            kind = int if option.type == (int | None) else str
+            parser.add_argument(_flag(option.name), type=kind, required=option.name == "spec", help=help_text)
 
 
 def runtime_args_of(namespace: argparse.Namespace) -> RuntimeArgs:

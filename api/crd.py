@@ -26,6 +26,7 @@ PRINTER_COLUMNS = [
     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps", "description": "Steps in all."},
     {"name": "Reward", "type": "number", "jsonPath": ".status.metrics.rewardMean", "description": "Mean reward."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Restarts."},
+    {"name": "Queue", "type": "string", "jsonPath": ".spec.queueName", "description": "Kueue queue.", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

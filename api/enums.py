@@ -150,6 +150,7 @@ ELASTIC_ROLES = frozenset({Role.REWARD, Role.ROLLOUT})
 
 class Phase(StrEnum):
     PENDING = "Pending"
+    QUEUED = "Queued"  # Kueue holds the RayJob (spec.queueName): waiting for admission, or preempted
     STARTING = "Starting"
     RUNNING = "Running"
     SUSPENDED = "Suspended"
@@ -164,6 +165,7 @@ TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 class ConditionType(StrEnum):
     CREATED = "Created"
+    QUEUED = "Queued"
     RUNNING = "Running"
     RESTARTING = "Restarting"
     SUSPENDED = "Suspended"
@@ -198,3 +200,6 @@ class ConditionReason(StrEnum):
     NAME_TAKEN = "NameTaken"
     FIELDS_PRUNED = "FieldsPruned"
     NO_FIELDS_PRUNED = "NoFieldsPruned"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    PREEMPTED = "Preempted"
+    ADMITTED = "Admitted"

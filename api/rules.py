@@ -220,6 +220,23 @@ def validation_needs_prompts(spec: "RLJobSpec") -> Iterator[RuleProblem]:
         )
 
 
+def queued_jobs_have_fixed_pools(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    if spec.workload_priority_class is not None and spec.queue_name is None:
+        yield ("workloadPriorityClass",), "a Kueue priority class needs a queue; set queueName too, or remove it"
+    if spec.queue_name is None:
+        return
+    for role in Role:
+        pool = getattr(spec.resources, role.value)
+        if pool is not None and pool.is_elastic:
+            yield (
+                ("resources", role.value, "maxReplicas"),
+                (
+                    "Kueue reserves a fixed quota for a queued job and admits no RayJob with an autoscaler "
+                    "(queueName is set); set minReplicas = maxReplicas = replicas"
+                ),
+            )
+
+
 ALGORITHM_RULES: tuple[Rule, ...] = (
     group_estimators_need_groups,
     sequence_losses_weigh_each_response_once,
@@ -240,6 +257,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     correction_is_not_counted_twice,
     overlong_buffer_fits_the_budget,
     validation_needs_prompts,
+    queued_jobs_have_fixed_pools,
 )
 
 

@@ -548,6 +548,24 @@ class RLJobSpec(KuberlModel):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Machines per role.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Saving and resuming.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadline, suspend, TTL.")
+    queue_name: str | None = Field(
+        None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        description="Kueue LocalQueue to run in. The RayJob gets the label kueue.x-k8s.io/queue-name and is created "
+        "suspended; Kueue admits it (unsuspends it) when the queue's quota allows and may preempt it (suspends it "
+        "again), after which it resumes from its latest checkpoint, even with checkpoint.resume false (the runtime "
+        "always gets --resume: a job in a queue must start on an empty checkpoint location, as nothing refuses "
+        "saved work there). The RLJob is Queued meanwhile. Elastic pools are "
+        "refused here: Kueue reserves a fixed quota and admits no RayJob with an autoscaler.",
+    )
+    workload_priority_class: str | None = Field(
+        None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        description="Kueue WorkloadPriorityClass of the job (label kueue.x-k8s.io/priority-class on the RayJob): "
+        "its place in the queue and which jobs it may preempt. Needs queueName.",
+    )
     image: str | None = Field(
         None,
         pattern=r"^[^\s]+$",

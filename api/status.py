@@ -71,7 +71,8 @@ class RLJobStatus(KuberlModel):
     """Observed state of the job: the operator's view (phase, conditions) and the runtime's (progress)."""
 
     phase: Phase = Field(
-        Phase.PENDING, description="Pending, Starting, Running, Suspended, Restarting, Succeeded, Failed."
+        Phase.PENDING,
+        description="Pending, Queued (Kueue holds it), Starting, Running, Suspended, Restarting, Succeeded, Failed.",
     )
     conditions: list[Condition] = Field(default_factory=list, description="Latest observations of the job's state.")
     observed_generation: int | None = Field(None, description="The spec generation this status reflects.")

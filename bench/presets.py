@@ -4,7 +4,7 @@
     .venv/bin/python bench/presets.py --presets dapo gspo  # some of them
     .venv/bin/python bench/presets.py --quick              # 8 steps, as a smoke run
 
-The demo job (examples/tiny-grpo.yaml: the tiny model, the counting task, lr 3e-3, hf engine) with
+The demo job (examples/tiny-grpo.yaml: tiny://counter, the counting task, lr 5e-4, hf engine) with
 `algorithm.name` set to each preset and nothing else changed, except where a preset cannot run the
 demo as it is: ppo gets a critic (lr 3e-3, as the PPO integration test), and the presets with one
 response per prompt (ppo, reinforce_pp, remax) get data.batchSize 32 so a step sees 32 responses
@@ -87,7 +87,8 @@ def main() -> int:
             print(f"{preset}: reward {start:.3f} -> {end:.3f} in {wall:.0f} s", file=sys.stderr, flush=True)
     finally:
         ray.shutdown()
-    print(f"{steps} steps each on the demo task (tiny://demo, hf engine, 2 actor ranks)")
+    actor = rows[0][1].spec.models.actor.path if rows else "?"
+    print(f"{steps} steps each on the demo task ({actor}, hf engine, 2 actor ranks)")
     header = ["preset", "estimator", "loss", "aggregation", "responses/step"]
     header += ["reward start", "end", "score start", "end", "rose", "s"]
     print("| " + " | ".join(header) + " |")

@@ -62,7 +62,7 @@ def main() -> int:
         print(f"{stage:<14}{seconds:>9.3f}{seconds / step_time:>8.1%}")
     print(f"{'step':<14}{step_time:>9.3f}{1:>8.0%}")
     tokens = statistics.mean(record["rollout/tokens"] for record in steady)
-    rollout_rate = statistics.mean(record["throughput/tokens_per_second"] for record in steady)
+    rollout_rate = statistics.mean(record["throughput/rollout_tokens_per_second"] for record in steady)
     end_to_end = tokens / step_time
     print(f"generated tokens/step {tokens:.0f}; rollout {rollout_rate:.0f} tok/s; end to end {end_to_end:.0f} tok/s")
     return 0

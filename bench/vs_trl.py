@@ -98,7 +98,7 @@ class Workload:
     group: int = 4  # G: completions per prompt (groupSize / num_generations)
     max_new_tokens: int = 64
     micro_batch: int = 8  # sequences per forward/backward (training.microBatchSize / per_device_train_batch_size)
-    lr: float = 3e-3  # examples/tiny-grpo.yaml's
+    lr: float = 3e-3  # the rate the demo used before it started from a pretrained model (speed, not learning)
     kl_coef: float = 0.001  # the grpo preset's (TRL: beta)
     steps: int = 6
     seed: int = 0

@@ -11,8 +11,9 @@
   its own dashboard client. The operator creates the Secret with a fresh random token at the edge
   (reconcile.py: these builders hold no secret) and never reads it back: it may `create` Secrets, no
   more.
-- The NetworkPolicy `<job>-ray`: the job's pods accept connections only from the job's own pods and,
-  on the dashboard port, from KubeRay's operator (which submits the job and polls its status there).
+- The NetworkPolicy `<job>-ray`: the job's pods accept connections only from the job's own pods, on
+  the dashboard port from KubeRay's operator (which submits the job and polls its status there), and
+  on the runtime's metrics port from anywhere (Prometheus; /metrics serves read-only numbers).
 
 Each is created once and never changed (`CREATE_ONLY`): the Role and its binding do not drift, the
 Secret's token is never overwritten, and an object of the same name that someone else made is never
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kuberl.operator import names
-from kuberl.operator.builders import Owner, child_metadata
+from kuberl.operator.builders import METRICS_PORT, Owner, child_metadata
 
 #: The Secret key KubeRay reads the Ray token from (its RAY_AUTH_TOKEN_SECRET_KEY).
 RAY_TOKEN_KEY = "auth_token"
@@ -108,7 +109,8 @@ def with_new_token(secret: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_network_policy(owner: Owner, kuberay: KubeRayPeer) -> dict[str, Any]:
-    """Ingress to the job's pods from the job's pods, and from KubeRay's operator to the dashboard only."""
+    """Ingress to the job's pods from the job's pods, from KubeRay's operator to the dashboard only, and from any
+    scraper to the metrics port (only the head listens there)."""
     own_pods = {"podSelector": {"matchLabels": {names.JOB_LABEL: owner.name}}}
     namespaces: dict[str, Any] = (
         {"matchLabels": {"kubernetes.io/metadata.name": kuberay.namespace}} if kuberay.namespace else {}
@@ -124,6 +126,7 @@ def build_network_policy(owner: Owner, kuberay: KubeRayPeer) -> dict[str, Any]:
             "ingress": [
                 {"from": [own_pods]},
                 {"from": [kuberay_operator], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]},
+                {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
             ],
         },
     }

@@ -13,6 +13,14 @@ Every pod passes Pod Security `restricted` (pods.py), runs as the job's own Serv
 (access.py), and only the head pod, where the controller publishes its report, mounts its token.
 Ray's token authentication is on (`authOptions`), and KubeRay submits over HTTP (no submitter pod).
 
+With `spec.queueName` the RayJob carries Kueue's queue label (and priority-class label) and is
+created suspended, as Kueue's RayJob integration requires: Kueue unsuspends it on admission and
+suspends it again to preempt it. The same never-re-applied rule means the operator never writes
+`suspend` back while Kueue owns it.
+
+The head also serves the runtime's Prometheus metrics (`METRICS_PORT`, named `kuberl-metrics`,
+handed to the runtime as KUBERL_METRICS_PORT) for a PodMonitor to scrape.
+
 The entrypoint is the runtime's command line (api/contract.py `runtime_command`) joined with
 shlex.join: KubeRay hands it to the head's Ray Jobs API, which runs it in a shell, and no user string
 is ever pasted into it. Mounts and environment names come from api/contract.py too.
@@ -32,7 +40,10 @@ from kuberl.api.topology import HEAD_POOL, Pool, plan_topology
 from kuberl.operator import names
 from kuberl.operator.pods import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT, container_resources, merge
 
-#: Ports of the Ray head (KubeRay's defaults, spelled out).
+#: The runtime's Prometheus metrics on the Ray head (the driver serves /metrics; runtime/telemetry.py).
+METRICS_PORT = 9464
+METRICS_PORT_NAME = "kuberl-metrics"
+#: Ports of the Ray head (KubeRay's defaults, spelled out) and the runtime's metrics.
 HEAD_PORTS = (
     {"containerPort": 6379, "name": "gcs"},
     {"containerPort": 8265, "name": "dashboard"},
@@ -40,6 +51,7 @@ HEAD_PORTS = (
         "containerPort": 10001,
         "name": "client",
     },
+    {"containerPort": METRICS_PORT, "name": METRICS_PORT_NAME},
 )
 #: The Ray version the runtime image carries (KubeRay needs it with authOptions; 2.52+ has token auth).
 DEFAULT_RAY_VERSION = "2.60.0"
@@ -145,8 +157,9 @@ def pod_env(job: RLJob, role: str) -> list[dict[str, Any]]:
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata.namespace or ""},
         {"name": contract.ROLE_ENV, "value": role},
     ]
-    if role == HEAD_ROLE:  # where the controller publishes its progress (access.py)
+    if role == HEAD_ROLE:  # the controller runs there: it publishes its report and serves the metrics
         own.append({"name": contract.STATUS_CONFIGMAP_ENV, "value": names.progress_configmap_name(job.metadata.name)})
+        own.append({"name": contract.METRICS_PORT_ENV, "value": str(METRICS_PORT)})
     endpoint = job.spec.reward.endpoint
     if endpoint is not None and endpoint.secret_ref is not None:
         own.append(
@@ -255,6 +268,16 @@ def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str) -> dic
     }
 
 
+def kueue_labels(job: RLJob) -> dict[str, str]:
+    """Kueue's queue and priority-class labels for spec.queueName / spec.workloadPriorityClass; none without a queue."""
+    if job.spec.queue_name is None:
+        return {}
+    labels = {names.KUEUE_QUEUE_LABEL: job.spec.queue_name}
+    if job.spec.workload_priority_class is not None:
+        labels[names.KUEUE_PRIORITY_LABEL] = job.spec.workload_priority_class
+    return labels
+
+
 def build_rayjob(
     job: RLJob,
     owner: Owner,
@@ -293,12 +316,16 @@ def build_rayjob(
         "metadata": child_metadata(
             owner,
             names.rayjob_name(owner.name, index),
-            labels=marks,
+            labels={**marks, **kueue_labels(job)},
             annotations={**marks, names.GENERATION_ANNOTATION: str(generation)},
         ),
         "spec": {
-            "entrypoint": entrypoint(resume=index > 0),
+            # A queued job's RayJob is re-run by KubeRay after each Kueue preemption: every run of it but
+            # the first is a restart of the same run, and only --resume makes it one (resume: false).
+            "entrypoint": entrypoint(resume=index > 0 or job.spec.queue_name is not None),
             "submissionMode": "HTTPMode",
+            # Kueue admits a queued RayJob by unsuspending it; it must be created suspended.
+            **({"suspend": True} if job.spec.queue_name else {}),
             "shutdownAfterJobFinishes": True,
             "rayClusterSpec": cluster,
         },

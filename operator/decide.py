@@ -17,8 +17,14 @@ decides it.
 7. resume       suspend turned off: a new RayJob that resumes from the latest checkpoint.
 8. first start  no RayJob named yet: `<rljob>-0`.
 9. missing      the RayJob named in status does not exist (a crash after naming it): create exactly it.
-10. follow      the RayJob's state decides: Starting, Running, Succeeded, or Failed -> backoff ->
+10. follow      the RayJob's state decides: Queued, Starting, Running, Succeeded, or Failed -> backoff ->
                 a new RayJob `<rljob>-<n+1>` with --resume, until runPolicy.maxRestarts.
+
+Kueue (spec.queueName): the RayJob is created suspended and Kueue alone moves its `suspend` after
+that; the operator only reads it. While it is suspended the RLJob is Queued (condition Queued=True:
+WaitingForAdmission before it first ran, Preempted after), once admitted Queued=False/Admitted. A
+preemption is no restart: the same RayJob resumes from the latest checkpoint when Kueue admits it
+again (KubeRay re-runs its entrypoint, and the runtime always resumes).
 
 Created=True is set only once the RayJob is seen to exist; a child the API server refuses turns it
 False with the API's message (`apply_failed`, written by the reconcile pass). A new RayJob is always
@@ -213,9 +219,10 @@ class _Pass:
         if name in self.foreign:
             self.requeue.append(FOREIGN_NAME_RETRY_SECONDS)
             return False
+        queue = self.run_job.spec.queue_name if self.run_job is not None else None
         self.status = replace(
             self.status,
-            phase=Phase.STARTING,
+            phase=Phase.QUEUED if queue else Phase.STARTING,
             ray_job_name=name,
             dashboard_url=None,
             restarts=self.before.restarts + (1 if count_restart else 0),
@@ -223,6 +230,9 @@ class _Pass:
             completion_time=None,
         )
         self.not_running(reason, message)
+        if queue:
+            waiting = f"RayJob {name} waits in Kueue queue {queue} for admission"
+            self.condition(ConditionType.QUEUED, True, ConditionReason.WAITING_FOR_ADMISSION, waiting)
         self.delete_all_but(name)
         self.apply_children(names.rayjob_index(self.owner.name, name) or 0)
         return True
@@ -352,6 +362,8 @@ def _suspend(p: _Pass) -> bool:
     p.status = replace(p.status, phase=Phase.SUSPENDED, dashboard_url=None)
     p.condition(ConditionType.SUSPENDED, True, ConditionReason.SUSPENDED_BY_USER, message)
     p.not_running(ConditionReason.SUSPENDED_BY_USER, message)
+    if is_true(p.status.conditions, ConditionType.QUEUED):
+        p.condition(ConditionType.QUEUED, False, ConditionReason.SUSPENDED_BY_USER, message)
     p.delete_all_but(None)
     return True
 
@@ -404,7 +416,8 @@ def _missing(p: _Pass) -> bool:
     if name in p.foreign:
         p.requeue.append(FOREIGN_NAME_RETRY_SECONDS)
         return True
-    p.status = replace(p.status, phase=Phase.STARTING, dashboard_url=None)
+    queued = p.run_job.spec.queue_name is not None  # created suspended again: back in the queue
+    p.status = replace(p.status, phase=Phase.QUEUED if queued else Phase.STARTING, dashboard_url=None)
     p.delete_all_but(name)
     p.apply_children(names.rayjob_index(p.owner.name, name) or 0)
     return True
@@ -430,6 +443,12 @@ def _follow(p: _Pass) -> bool:
         p.condition(ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, f"created RayJob {name}")
     dashboard = (rayjob.get("status") or {}).get("dashboardURL") or None
     p.status = replace(p.status, dashboard_url=dashboard)
+    if state == RayJobState.QUEUED:
+        _queued(p, name)
+        return True
+    if is_true(p.status.conditions, ConditionType.QUEUED):
+        message = f"Kueue admitted RayJob {name} (queue {p.run_job.spec.queue_name if p.run_job else '?'})"
+        p.condition(ConditionType.QUEUED, False, ConditionReason.ADMITTED, message)
     if state == RayJobState.STARTING:
         p.status = replace(p.status, phase=Phase.STARTING)
     elif state == RayJobState.RUNNING:
@@ -444,6 +463,29 @@ def _follow(p: _Pass) -> bool:
     else:
         _failed(p, name, rayjob)
     return True
+
+
+def _queued(p: _Pass, name: str) -> None:
+    """Kueue holds the RayJob: it has not admitted it yet, or suspended it again (a preemption).
+
+    The reason stays what it was when the hold began: Preempted when the RayJob was running then.
+    """
+    queue = p.run_job.spec.queue_name if p.run_job is not None else None
+    where = f"Kueue queue {queue}" if queue else "Kueue"
+    held = find_condition(p.status.conditions, ConditionType.QUEUED)
+    if is_true(p.status.conditions, ConditionType.RUNNING):
+        reason = ConditionReason.PREEMPTED
+    elif held is not None and held.get("status") == "True" and held.get("reason") == ConditionReason.PREEMPTED:
+        reason = ConditionReason.PREEMPTED
+    else:
+        reason = ConditionReason.WAITING_FOR_ADMISSION
+    if reason == ConditionReason.PREEMPTED:
+        message = f"{where} suspended RayJob {name}; it resumes from the latest checkpoint when admitted again"
+    else:
+        message = f"RayJob {name} waits in {where} for admission"
+    p.status = replace(p.status, phase=Phase.QUEUED, dashboard_url=None)
+    p.condition(ConditionType.QUEUED, True, reason, message)
+    p.not_running(reason, message)
 
 
 def _failed(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:

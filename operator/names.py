@@ -23,6 +23,9 @@ COMPONENT_LABEL = "kuberl.io/component"
 PROGRESS_COMPONENT = "progress"
 #: Annotation on children: the RLJob metadata.generation whose spec they were built from.
 GENERATION_ANNOTATION = "kuberl.io/generation"
+#: Kueue's labels on a job it manages: the LocalQueue it waits in, and its WorkloadPriorityClass.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 RAY_GROUP, RAY_VERSION = "ray.io", "v1"
 RAY_API_VERSION = f"{RAY_GROUP}/{RAY_VERSION}"
 RLJOB_API_VERSION = f"{GROUP}/{VERSION}"

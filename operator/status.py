@@ -2,7 +2,8 @@
 
 KubeRay reports `status.jobDeploymentStatus` (New, Initializing, Running, Complete, Failed,
 Suspending, Suspended, Retrying, Waiting) and `status.jobStatus` (PENDING, RUNNING, STOPPED,
-SUCCEEDED, FAILED). `rayjob_state` folds them into the four states the operator acts on. A
+SUCCEEDED, FAILED). `rayjob_state` folds them, and the RayJob's `spec.suspend` (which only Kueue
+moves: the operator sets it once, at creation, on a queued job), into the states the operator acts on. A
 condition's `lastTransitionTime` moves only when its status flips; reason and message may change
 without a flip. Times are RFC 3339 strings with second precision, as Kubernetes writes them.
 """
@@ -17,6 +18,7 @@ from kuberl.api.status import REPORT_KEY, RuntimeReport
 
 
 class RayJobState(StrEnum):
+    QUEUED = "Queued"
     STARTING = "Starting"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
@@ -25,13 +27,16 @@ class RayJobState(StrEnum):
 
 def rayjob_state(rayjob: dict[str, Any]) -> RayJobState:
     """Succeeded only on jobStatus SUCCEEDED; Failed on FAILED/STOPPED or deployment Failed (or Complete
-    without success); Running once deployed and not PENDING; everything else is still starting."""
+    without success); Queued while suspended (Kueue has not admitted it, or preempted it) or until KubeRay has
+    finished suspending or resuming it; Running once deployed and not PENDING; everything else is still starting."""
     status = rayjob.get("status") or {}
     deployment, job = status.get("jobDeploymentStatus") or "", status.get("jobStatus") or ""
     if job == "SUCCEEDED":
         return RayJobState.SUCCEEDED
     if job in ("FAILED", "STOPPED") or deployment in ("Failed", "Complete"):
         return RayJobState.FAILED
+    if (rayjob.get("spec") or {}).get("suspend") or deployment in ("Suspending", "Suspended"):
+        return RayJobState.QUEUED
     if job == "RUNNING" or (deployment == "Running" and job != "PENDING"):
         return RayJobState.RUNNING
     return RayJobState.STARTING

@@ -33,9 +33,9 @@ from kuberl.runtime.data import Prompt
 from kuberl.runtime.deadline import bounded_get, step_deadline
 from kuberl.runtime.dynamic_sampling import DynamicSampler, filter_values
 from kuberl.runtime.engines.base import Generation, SamplingParams
-from kuberl.runtime.metrics import TOKENS_PER_SECOND
 from kuberl.runtime.plan import RunPlan
 from kuberl.runtime.step_metrics import reward_metrics, trained_batch_metrics
+from kuberl.runtime.telemetry import stage_throughput
 from kuberl.runtime.updates import UpdateConfig, token_rewards_from_scores
 from kuberl.runtime.validation import Scored, validation_metrics
 from kuberl.runtime.workers.launch import Groups
@@ -156,7 +156,8 @@ class Controller:
         metrics.update(timings)
         metrics.update(self.groups.reward.metrics())
         metrics["time/step"] = sum(timings.values())
-        metrics[TOKENS_PER_SECOND] = float(generated.response_mask.sum()) / max(timings["time/rollout"], 1e-9)
+        trained_tokens = float(batch.response_mask.sum()) if batch is not None else None
+        metrics.update(stage_throughput(timings, float(generated.response_mask.sum()), trained_tokens))
         return StepResult(step, epoch, metrics)
 
     # -- stages -------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
    the rule of checkpoint/policy.py `start_from`: a restart, `--resume`, always resumes).
 3. Ray and the worker groups start where the topology places them (workers/launch.py), and the trainers
    load the checkpoint the run starts from.
-4. The controller steps (controller.py); after each step `StepRecorder` writes the metrics, saves when
+4. The controller steps (controller.py); after each step `StepRecorder` writes the metrics (and hands
+   them to Prometheus, telemetry.py, when a metrics port is set), saves when
    due (never after a NaN update), publishes the RLJob's status, stops the run after saving when SIGTERM
    arrived, and fails it (JobFailed, exit 70) when runtime/health.py says training cannot go on.
 5. The final checkpoint (the last step always saves) is exported as a Hugging Face model.
@@ -32,6 +33,7 @@ from kuberl.runtime.models.resolve import default_cache_dir
 from kuberl.runtime.plan import RunConfigError, RunPlan, make_plan
 from kuberl.runtime.rewards.pool import RewardPool
 from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
+from kuberl.runtime.telemetry import PrometheusExporter
 from kuberl.runtime.validation import validation_status
 from kuberl.runtime.workers.launch import Groups, start_groups, start_ray
 
@@ -66,6 +68,12 @@ def checkpoint_uri(job: RLJob, output_dir: Path) -> str:
     if ckpt.pvc_claim_name:
         return CHECKPOINT_MOUNT_DIR
     return str(output_dir / "checkpoints")
+
+
+def default_output_dir(job: RLJob) -> Path:
+    """runs/<job name>/, or the checkpoint claim's mount when the job has one: the exported model,
+    metrics.jsonl and TensorBoard events then outlive the pod, on the claim beside the checkpoints."""
+    return Path(CHECKPOINT_MOUNT_DIR) if job.spec.checkpoint.pvc_claim_name else Path("runs") / job.metadata.name
 
 
 class Checkpointing:
@@ -142,8 +150,10 @@ class StepRecorder:
         preemption: PreemptionWatcher,
         health: RunHealth,
         reward: RewardPool,
+        exporter: PrometheusExporter | None = None,
     ) -> None:
         self.plan = plan
+        self.exporter = exporter
         self.health = health
         self.reward = reward
         self.checkpointing = checkpointing
@@ -156,10 +166,13 @@ class StepRecorder:
         total = self.plan.total_steps
         final = result.step + 1 == total
         self.reporter.log_step(result.step, result.epoch, result.metrics)
+        if self.exporter is not None:  # after metrics.jsonl has the step: a scrape never runs ahead of the file
+            self.exporter.record(self.reporter.history[-1])
         failure = self.health.observe(result.step + 1, result.metrics, self.reward.last_failure)
         if self.health.may_checkpoint:  # never after a NaN step: keepLast would rotate out the good ones
             self.checkpointing.after_step(result.step, result.epoch, final=final, preempted=preempted)
         latest = self.checkpointing.latest
+        self.export_checkpoint()
         progress = {
             "step": result.step + 1,
             "totalSteps": total,
@@ -175,6 +188,12 @@ class StepRecorder:
         if preempted and not final:
             raise Preempted(result.step + 1, latest)
 
+    def export_checkpoint(self) -> None:
+        """The latest committed checkpoint's step and time, for Prometheus."""
+        latest = self.checkpointing.latest
+        if self.exporter is not None and latest is not None:
+            self.exporter.checkpoint_committed(latest.step, latest.time.timestamp())
+
 
 def run_job(
     job: RLJob,
@@ -184,10 +203,12 @@ def run_job(
     progress: bool = True,
     *,
     restart: bool = False,
+    metrics_port: int | None = None,
 ) -> RunResult:
     """Run `job` to the end; `restart` marks a restart of the same run (it resumes whatever
     checkpoint.resume says). Raises on a job that cannot run, and `Preempted` after saving when SIGTERM
-    arrives."""
+    arrives. With `metrics_port` (or $KUBERL_METRICS_PORT) the driver serves Prometheus metrics at
+    /metrics while it runs."""
     plan = make_plan(job, output_dir, base_dir, default_cache_dir())  # every check before anything is written
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "job.yaml").write_text(_yaml(job.to_manifest()), encoding="utf-8")
@@ -196,13 +217,26 @@ def run_job(
     started_ray = start_ray(address, plan.topology)
     groups: Groups | None = None
     publisher = StatusPublisher.from_environment()
+    namespace = job.metadata.namespace or "default"
+    exporter = PrometheusExporter.from_environment(job.metadata.name, namespace, plan.total_steps, metrics_port)
+    if exporter is not None:
+        log.info("serving Prometheus metrics at http://0.0.0.0:%d/metrics", exporter.port)
     try:
         with PreemptionWatcher() as preemption:
             groups = start_groups(plan)
             start_step = checkpointing.begin(groups, resume_from)
-            reporter = RunReporter(output_dir, plan.total_steps, start_step=start_step, show_progress=progress)
+            reporter = RunReporter(
+                output_dir,
+                plan.total_steps,
+                start_step=start_step,
+                show_progress=progress,
+                max_new_tokens=job.spec.rollout.max_new_tokens,
+            )
             health = RunHealth.from_spec(job.spec)
-            recorder = StepRecorder(plan, checkpointing, reporter, publisher, preemption, health, groups.reward)
+            recorder = StepRecorder(
+                plan, checkpointing, reporter, publisher, preemption, health, groups.reward, exporter
+            )
+            recorder.export_checkpoint()  # the one resumed from
             try:
                 Controller(plan, groups).run(start_step, recorder)
             except JobFailed as failure:  # status.lastCheckpoint names the same one
@@ -213,6 +247,8 @@ def run_job(
         return RunResult(output_dir, plan.total_steps, reporter.history, model_dir, plot)
     finally:
         publisher.close()
+        if exporter is not None:
+            exporter.close()
         if groups is not None:
             groups.shutdown()
         if started_ray:

@@ -9,8 +9,10 @@ after saving and resumable. The run itself is runtime/driver.py's.
 
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from kuberl.api import ManifestError, load_rljob_file
 from kuberl.api.contract import ExitCode, RuntimeArgs, parse_runtime_args
@@ -18,7 +20,7 @@ from kuberl.api.contract import ExitCode, RuntimeArgs, parse_runtime_args
 
 def run_from_cli(args: RuntimeArgs) -> int:
     from kuberl.runtime.data import DataError
-    from kuberl.runtime.driver import Preempted, run_job
+    from kuberl.runtime.driver import Preempted, default_output_dir, run_job
     from kuberl.runtime.health import JobFailed
     from kuberl.runtime.models.resolve import ModelNotFoundError
     from kuberl.runtime.plan import RunConfigError
@@ -30,9 +32,17 @@ def run_from_cli(args: RuntimeArgs) -> int:
     except ManifestError as error:
         print(error, file=sys.stderr)
         return ExitCode.CONFIG_ERROR
-    output = Path(args.output) if args.output else Path("runs") / job.metadata.name
+    output = Path(args.output) if args.output else default_output_dir(job)
+    started = time.monotonic()
     try:
-        result = run_job(job, output, Path(args.spec).resolve().parent, address=args.address, restart=args.resume)
+        result = run_job(
+            job,
+            output,
+            Path(args.spec).resolve().parent,
+            address=args.address,
+            restart=args.resume,
+            metrics_port=args.metrics_port,
+        )
     except (RunConfigError, DataError, ModelNotFoundError, RewardConfigError) as error:
         print(f"kuberl run: {error}", file=sys.stderr)
         return ExitCode.CONFIG_ERROR
@@ -47,15 +57,49 @@ def run_from_cli(args: RuntimeArgs) -> int:
     if not result.history:
         print(f"nothing to do: {output} already holds the finished run ({result.steps} steps)")
         return ExitCode.SUCCESS
-    from kuberl.runtime.metrics import REWARD_MEAN
-
-    first, last = result.history[0], result.history[-1]
-    print(f"done: {result.steps} steps in {output}/")
-    print(f"  reward {first.get(REWARD_MEAN, 0):.3f} -> {last.get(REWARD_MEAN, 0):.3f}")
+    print(f"done: {result.steps} steps in {time.monotonic() - started:.0f} s, in {output}/")
+    for line in learning_summary(result.history, job.spec.rollout.max_new_tokens):
+        print(f"  {line}")
     print(f"  metrics: {output / 'metrics.jsonl'}  plot: {result.plot}  tensorboard: {output / 'tensorboard'}")
     if result.model_dir:
         print(f"  model: {result.model_dir}")
     return ExitCode.SUCCESS
+
+
+#: Steps averaged at the end of a run in the final summary (one step's mean reward is noisy).
+SUMMARY_STEPS = 5
+
+
+def learning_summary(history: list[dict[str, Any]], max_new_tokens: int) -> list[str]:
+    """What the run learned: the first step (the model as it started) against the mean of the last steps.
+
+    >>> history = [{"reward/mean": 0.4, "response/length_mean": 8.0, "kl/mean": 0.0},
+    ...            {"reward/mean": 0.9, "response/length_mean": 4.0, "kl/mean": 0.7},
+    ...            {"reward/mean": 1.0, "response/length_mean": 4.0, "kl/mean": 0.5}]
+    >>> for line in learning_summary(history, 12): print(line)
+    reward            0.400 -> 0.950   (step 1 -> mean of the last 2 steps)
+    response length     8.0 -> 4.0     tokens (limit 12)
+    KL to reference   0.000 -> 0.600   nats per token (at most 0.700)
+    """
+    from kuberl.runtime.telemetry import KL_MEAN, RESPONSE_LENGTH_MEAN, REWARD_MEAN
+
+    last = history[-max(1, min(SUMMARY_STEPS, len(history) - 1)) :]
+
+    def mean(key: str) -> float:
+        values = [record[key] for record in last if key in record]
+        return sum(values) / len(values) if values else float("nan")
+
+    first = history[0]
+    lines = [
+        f"reward           {first.get(REWARD_MEAN, float('nan')):6.3f} -> {mean(REWARD_MEAN):<7.3f} "
+        f"(step {first.get('step', 1)} -> mean of the last {len(last)} steps)",
+        f"response length  {first.get(RESPONSE_LENGTH_MEAN, float('nan')):6.1f} -> "
+        f"{mean(RESPONSE_LENGTH_MEAN):<7.1f} tokens (limit {max_new_tokens})",
+    ]
+    kls = [record[KL_MEAN] for record in history if KL_MEAN in record]
+    if kls:  # no reference model, no KL
+        lines.append(f"KL to reference  {kls[0]:6.3f} -> {mean(KL_MEAN):<7.3f} nats per token (at most {max(kls):.3f})")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """What a user sees of a run: a progress bar, metrics.jsonl, TensorBoard events and a final plot.
 
-The names of the step metrics that more than the stage making them reads (the plot, the progress
-bar, the RLJob's status, the final printout) are defined here, once.
+Every key of the step record goes to metrics.jsonl and TensorBoard as it is; the plot and the
+progress bar show the keys `telemetry` names (PLOTTED, PROGRESS).
 
 metrics.jsonl holds one strict-JSON object per step. A value that is not a finite number (a NaN loss, an
 infinite gradient norm) is recorded, never dropped: JSON has no NaN or Infinity, so it is written as the
@@ -16,26 +16,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kuberl.runtime.validation import GREEDY_MEAN
+from kuberl.runtime.telemetry import (
+    PLOTTED,
+    PLOTTED_VALIDATION,
+    PLOTTED_VALIDATION_SAMPLED,
+    PROGRESS,
+    RESPONSE_LENGTH_MEAN,
+)
 
-REWARD_MEAN = "reward/mean"
-KL_MEAN = "kl/mean"
-RESPONSE_LENGTH_MEAN = "response/length_mean"
-TOKENS_PER_SECOND = "throughput/tokens_per_second"
-REWARD_POOL_SIZE = "reward/pool_size"
-#: What the plot shows, one panel each.
-HEADLINE = (REWARD_MEAN, KL_MEAN, RESPONSE_LENGTH_MEAN)
-#: A fourth panel when the run validated: the greedy and sampled validation means.
-VALIDATION_PANEL = GREEDY_MEAN
+#: How metrics.jsonl spells the numbers JSON has no literal for.
 NON_FINITE_NAMES = ("NaN", "Infinity", "-Infinity")
 
 
 class RunReporter:
     """Writes one metrics line per step and shows progress; `close()` draws the plot."""
 
-    def __init__(self, output_dir: Path, total_steps: int, start_step: int = 0, show_progress: bool = True) -> None:
+    def __init__(
+        self,
+        output_dir: Path,
+        total_steps: int,
+        start_step: int = 0,
+        show_progress: bool = True,
+        max_new_tokens: int | None = None,
+    ) -> None:
         self.output_dir = output_dir
         self.total_steps = total_steps
+        self.max_new_tokens = max_new_tokens
         path = output_dir / "metrics.jsonl"
         self.history = read_history(path, up_to_step=start_step)
         # A resumed run drops the lines of the steps it lost with the crash, so the file is one run. The
@@ -67,12 +73,8 @@ class RunReporter:
                 if name not in ("step", "epoch"):
                     self.tensorboard.add_scalar(name, value, step + 1)
         if self.bar is not None:
-            self.bar.set_postfix(
-                reward=f"{metrics.get(REWARD_MEAN, float('nan')):.3f}",
-                kl=f"{metrics.get(KL_MEAN, 0.0):.4f}",
-                tok_s=f"{metrics.get(TOKENS_PER_SECOND, 0.0):.0f}",
-                refresh=False,
-            )
+            shown = {label: format(metrics.get(key, float("nan")), spec) for key, label, spec in PROGRESS}
+            self.bar.set_postfix(shown, refresh=False)
             self.bar.update(1)
 
     def close(self) -> Path | None:
@@ -81,7 +83,9 @@ class RunReporter:
         self.metrics_file.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
-        return plot_history(self.history, self.output_dir / "training.png") if self.history else None
+        if not self.history:
+            return None
+        return plot_history(self.history, self.output_dir / "training.png", self.max_new_tokens)
 
 
 def metrics_line(record: dict[str, Any]) -> str:
@@ -136,28 +140,34 @@ def _tensorboard_writer(directory: Path, purge_step: int) -> Any:
     return SummaryWriter(str(directory), purge_step=purge_step if purge_step > 1 else None)
 
 
-def plot_history(history: list[dict[str, Any]], path: Path) -> Path:
+def plot_history(history: list[dict[str, Any]], path: Path, max_new_tokens: int | None = None) -> Path:
+    """The PLOTTED curves over the steps (and validation's, when the run validated); the response-length
+    panel marks rollout.maxNewTokens."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = [record["step"] for record in history]
-    validated = [record for record in history if VALIDATION_PANEL in record]
-    panels = len(HEADLINE) + bool(validated)
+    validated = [record for record in history if PLOTTED_VALIDATION in record]
+    panels = len(PLOTTED) + bool(validated)
     fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.2))
-    for axis, name in zip(axes, HEADLINE, strict=False):
+    for axis, (name, title) in zip(axes, PLOTTED, strict=False):
         values = [record.get(name, math.nan) for record in history]
         axis.plot(steps, values, marker=".", linewidth=1)
-        axis.set_title(name)
+        if name == RESPONSE_LENGTH_MEAN and max_new_tokens is not None:
+            axis.axhline(max_new_tokens, color="grey", linestyle="--", linewidth=1)
+            axis.annotate("limit", (steps[0], max_new_tokens), textcoords="offset points", xytext=(2, -10))
+            axis.set_ylim(0, max_new_tokens * 1.1)
+        axis.set_title(title, fontsize=10)
     if validated:
         axis = axes[-1]
-        sampled = next(name for name in validated[-1] if name.startswith("val/mean@"))
+        sampled = next(name for name in validated[-1] if name.startswith(PLOTTED_VALIDATION_SAMPLED))
         validated_steps = [record["step"] for record in validated]
-        for name in (VALIDATION_PANEL, sampled):
+        for name in (PLOTTED_VALIDATION, sampled):
             values = [record.get(name, math.nan) for record in validated]
             axis.plot(validated_steps, values, marker="o", label=name)
-        axis.set_title("validation")
+        axis.set_title("validation", fontsize=10)
         axis.legend(fontsize=8)
     for axis in axes:
         axis.set_xlabel("step")

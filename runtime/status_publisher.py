@@ -33,38 +33,23 @@ from typing import Any
 
 from kuberl.api import contract
 from kuberl.api.status import REPORT_KEY, Metrics, RuntimeReport
-from kuberl.runtime import metrics as step_metrics
+from kuberl.runtime.telemetry import status_fields
 
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
-#: The controller's metric names -> status.metrics fields (api/status.py Metrics).
-STATUS_METRICS = {
-    step_metrics.REWARD_MEAN: "reward_mean",
-    step_metrics.KL_MEAN: "kl",
-    step_metrics.RESPONSE_LENGTH_MEAN: "response_length",
-    step_metrics.TOKENS_PER_SECOND: "tokens_per_second",
-    step_metrics.REWARD_POOL_SIZE: "reward_workers",
-}
-
 
 def status_metrics(metrics: Mapping[str, float]) -> dict[str, Any]:
-    """The headline metrics of a step, keyed as status.metrics wants them; non-finite ones left out.
+    """The headline metrics of a step, keyed as status.metrics wants them (`telemetry.EXPORTS` names them);
+    non-finite ones left out.
 
     >>> status_metrics({"reward/mean": 0.5, "kl/mean": 0.01, "time/step": 3.0})
     {'rewardMean': 0.5, 'kl': 0.01}
     >>> status_metrics({"reward/mean": float("nan"), "kl/mean": float("inf"), "response/length_mean": 9.0})
     {'responseLength': 9.0}
     """
-    fields: dict[str, Any] = {
-        field: metrics[name]
-        for name, field in STATUS_METRICS.items()
-        if name in metrics and math.isfinite(metrics[name])
-    }
-    if "reward_workers" in fields:
-        fields["reward_workers"] = int(fields["reward_workers"])
-    return Metrics.model_validate(fields).to_manifest()
+    return Metrics.model_validate(status_fields(metrics)).to_manifest()
 
 
 def apply_patch(

@@ -7,7 +7,7 @@ from kuberl.api.spec import OverlongPenaltySpec
 from kuberl.runtime.algorithms.masked import masked_mean
 from kuberl.runtime.algorithms.shaping import overlong_penalty
 from kuberl.runtime.batch import RolloutBatch
-from kuberl.runtime.metrics import KL_MEAN, RESPONSE_LENGTH_MEAN, REWARD_MEAN
+from kuberl.runtime.telemetry import KL_MEAN, RESPONSE_LENGTH_MEAN, REWARD_MEAN
 
 
 def reward_metrics(

@@ -167,15 +167,15 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
                     kl = kl_penalty(logprobs, batch.ref_logprobs[rows], cfg.kl_estimator)  # (m, R)
                     kl_loss = aggregate_loss(kl, mask, cfg.aggregation, **share)
                     loss = loss + cfg.kl_in_loss_coef * kl_loss
-                    shares["actor/kl_loss"] += float(kl_loss)
+                    shares["actor/kl_loss"] += float(kl_loss.detach())
                 if entropy is not None:
                     entropy_term = aggregate_loss(entropy, mask, cfg.aggregation, **share)
                     loss = loss - cfg.entropy_coef * entropy_term
-                    shares["actor/entropy"] += float(entropy_term)
+                    shares["actor/entropy"] += float(entropy_term.detach())
                 loss.backward()
                 shares["actor/loss"] += float(loss.detach())
                 for name, metric in metrics.items():
-                    totals.mean(f"actor/{name}", float(metric), float(mask.sum()))
+                    totals.mean(f"actor/{name}", float(metric.detach()), float(mask.sum()))
             step = trainer.optimizer_step(loss_finite=math.isfinite(shares["actor/loss"]))
             for name, share_value in shares.items():
                 totals.share(name, share_value)
@@ -228,9 +228,9 @@ def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
                     max_response_length=cfg.max_response_length,
                 )
                 loss.backward()
-                loss_share += float(loss)
+                loss_share += float(loss.detach())
                 for name, value in metrics.items():
-                    totals.mean(f"critic/{name}", float(value), float(mask.sum()))
+                    totals.mean(f"critic/{name}", float(value.detach()), float(mask.sum()))
             step = trainer.optimizer_step(loss_finite=math.isfinite(loss_share))
             totals.share("critic/loss", loss_share)
             totals.same("critic/grad_norm", step["grad_norm"])

@@ -58,6 +58,12 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   (B = 0) does not change. With the "merged" sync `load_weights` receives only the blocks the
   adapters touch; vLLM's reload keeps every other layer as it is (and would warn about each one,
   so its reload loggers are quietened for those loads).
+- Quiet reloads: vLLM's layerwise reload warns "<Layer>: Failed to load weights" for every layer
+  the weights iterator names no tensor of, and puts the layer's own tensors back. Two such layers
+  are expected on every sync and are not failures: rotary embeddings (their cos/sin cache is
+  computed, never in a checkpoint) and an LM head tied to the embedding (the checkpoint names only
+  `embed_tokens.weight`; see above). `ExpectedReloadWarnings` drops exactly those records while a
+  reload runs; any other layer that loads nothing still warns.
 """
 
 import contextlib
@@ -65,6 +71,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -78,6 +85,11 @@ from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.models.lora import peft_config_dict, sync_mode
 
 log = logging.getLogger(__name__)
+
+#: vLLM's logger of the layerwise reload, and the layers whose "Failed to load weights" is expected there.
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+ROTARY_SUFFIX = "RotaryEmbedding"
+TIED_HEAD = "ParallelLMHead"
 
 #: KV-cache size on CPU when spec.rollout.kvCacheBytes is not set.
 DEFAULT_CPU_KV_CACHE_BYTES = 256 << 20
@@ -172,6 +184,13 @@ def _rebind_kernels_tolerantly() -> None:
     from vllm.triton_utils import dispatcher
 
     def rebind(overrides: list[tuple[Any, Any]]) -> None:
+        # Inspecting every attribute of every module touches deprecated ones (torch.distributed.reduce_op),
+        # whose FutureWarning is about that attribute's users, not about this scan.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            _rebind(overrides)
+
+    def _rebind(overrides: list[tuple[Any, Any]]) -> None:
         for module in list(sys.modules.values()):
             namespace = getattr(module, "__dict__", None)
             for attr, value in list((namespace or {}).items()):
@@ -220,6 +239,34 @@ def _refresh_shared_gemms(worker: Any) -> int:
     return refreshed
 
 
+class ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" for layers with nothing to load (see the module docstring).
+
+    >>> record = logging.LogRecord(RELOAD_LOGGER, logging.WARNING, "", 0, "%s: Failed to load weights", ("X",), None)
+    >>> ExpectedReloadWarnings(tied_head=True).filter(record)
+    True
+    >>> record.args = ("RotaryEmbedding",)
+    >>> ExpectedReloadWarnings(tied_head=True).filter(record)
+    False
+    """
+
+    def __init__(self, tied_head: bool) -> None:
+        super().__init__()
+        self.tied_head = tied_head
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "%s: Failed to load weights" or not record.args:
+            return True
+        layer = str(record.args[0] if isinstance(record.args, tuple) else record.args)
+        return not (layer.endswith(ROTARY_SUFFIX) or (self.tied_head and layer == TIED_HEAD))
+
+
+def ties_embeddings(model_path: str) -> bool:
+    """Whether the model's config.json ties the LM head to the input embedding (transformers' default: yes)."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    return bool(config.get("tie_word_embeddings", True))
+
+
 class VLLMRolloutEngine:
     """A vLLM engine behind `RolloutEngine`; build it with `create`."""
 
@@ -230,6 +277,7 @@ class VLLMRolloutEngine:
         logprobs_mode: str,
         adapter_config: dict[str, Any] | None = None,
         partial_loads: bool = False,
+        tied_head: bool = False,
     ) -> None:
         self.llm = llm
         self.device = device
@@ -237,6 +285,7 @@ class VLLMRolloutEngine:
         self.adapter_config = adapter_config  # PEFT config of the LoRA adapter this engine serves, if any
         self.adapter: Any = None  # the LoRARequest generation names, once an adapter is loaded
         self.partial_loads = partial_loads  # LoRA's merged sync: each load brings only the touched blocks
+        self._reload_filter = ExpectedReloadWarnings(tied_head)
         self._asleep = False
         self._woken_tags: set[str] = set()
         self._warned_rescoring = False
@@ -288,7 +337,14 @@ class VLLMRolloutEngine:
             torch.set_num_threads = set_threads
             set_threads(threads)
         adapter_config = peft_config_dict(lora) if lora is not None else None
-        return cls(llm, torch.device(device), mode, adapter_config, partial_loads=sync_mode(spec) == "merged")
+        return cls(
+            llm,
+            torch.device(device),
+            mode,
+            adapter_config,
+            partial_loads=sync_mode(spec) == "merged",
+            tied_head=ties_embeddings(model_path),
+        )
 
     # -- generation ---------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
@@ -366,8 +422,13 @@ class VLLMRolloutEngine:
         """
         counter = _ByteCounter(weights)
         self._wake_weights()
-        with _quiet_reload_loggers() if self.partial_loads else contextlib.nullcontext():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(counter)})
+        reload_logger = logging.getLogger(RELOAD_LOGGER)
+        reload_logger.addFilter(self._reload_filter)
+        try:
+            with _quiet_reload_loggers() if self.partial_loads else contextlib.nullcontext():
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(counter)})
+        finally:
+            reload_logger.removeFilter(self._reload_filter)
         if self.device.type == "cpu":
             self.llm.collective_rpc(_refresh_shared_gemms)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights

@@ -4,7 +4,7 @@ A tiny model is a complete Hugging Face folder — config.json, model.safetensor
 tokenizer_config.json (with a ChatML chat template), generation_config.json — that
 `AutoTokenizer`, `AutoModelForCausalLM` and vLLM load like any other. The weights are random
 (seeded from the name), so two builds of one name are byte-identical and every machine that
-builds `tiny://demo` gets the same model.
+builds `tiny://demo` gets the same model (a pretrained one, below, repeats on one machine).
 
 The tokenizer is byte-level BPE trained at build time on a corpus generated here. Byte-level,
 not WordLevel, because it never meets an unknown character and decodes back to exactly the
@@ -21,6 +21,10 @@ that splits every digit apart (" 15" -> " ", "1", "5"). A random model would the
 emit a whole number and the demo reward would start at ~0. With `model_type: llama` and
 `tokenizer_class: PreTrainedTokenizerFast`, AutoTokenizer (and vLLM, which calls it) uses
 tokenizer.json exactly as saved.
+
+`tiny://counter` is the demo model pretrained for a few seconds on counting text
+(`models/pretrain.py`): the demo's RL starts from a model that can read its task, as real RL
+starts from an instruct model. Its build takes ~20 s once; `resolve_model_path` caches it.
 
     python -c "from pathlib import Path; from kuberl.runtime.models.tiny import build_tiny_model; \
 build_tiny_model('demo', Path('/tmp/tiny-demo'))"
@@ -44,8 +48,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-#: Bump when anything here changes what a build writes: cached builds are keyed by it.
-BUILDER_VERSION = "1"
+from kuberl.runtime.models.pretrain import PretrainingSpec, pretrain
+
+#: Bump when anything here or in pretrain.py changes what a build writes: cached builds are keyed by it.
+BUILDER_VERSION = "2"
 
 EOS_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -86,6 +92,8 @@ class TinyModelConfig:
     vocab_size: int = 512
     max_position_embeddings: int = 1024
     description: str = ""
+    #: Trained after the random initialisation (None: random weights, built in a second).
+    pretraining: PretrainingSpec | None = None
 
 
 TINY_MODELS: dict[str, TinyModelConfig] = {
@@ -94,6 +102,16 @@ TINY_MODELS: dict[str, TinyModelConfig] = {
     # ~25M parameters: 8 x (attention 0.79M + MLP 2.36M) + tied embeddings 0.26M.
     "small": TinyModelConfig(
         512, 8, 8, 4, 1536, max_position_embeddings=4096, description="~25M-parameter Llama for benchmarks"
+    ),
+    # The demo's shape after ~20 s of pretraining on counting text: the demo's actor (see pretrain.py).
+    "counter": TinyModelConfig(
+        128,
+        4,
+        4,
+        2,
+        512,
+        pretraining=PretrainingSpec(corpus="counting", steps=200),
+        description="~1M-parameter Llama pretrained to count: the actor of the CPU demo",
     ),
     # The demo backbone with a scalar head (num_labels=1) and the demo tokenizer: a reward model for tests.
     "reward-demo": TinyModelConfig(
@@ -172,7 +190,8 @@ def llama_config(config: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) ->
 def build_tiny_model(name: str, directory: Path) -> Path:
     """Writes the tiny model `name` as a Hugging Face folder into `directory` and returns `directory`.
 
-    Deterministic: the same name gives byte-identical weights. The global torch RNG is left as it was.
+    Deterministic: the same name gives byte-identical weights (a pretrained model: on the same machine).
+    The global torch RNG is left as it was.
     """
     if name not in TINY_MODELS:
         raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(sorted(TINY_MODELS))}")
@@ -183,6 +202,8 @@ def build_tiny_model(name: str, directory: Path) -> Path:
         torch.manual_seed(name_seed(name))
         model_class = LlamaForSequenceClassification if config.head == "sequence_classification" else LlamaForCausalLM
         model: PreTrainedModel = model_class(hf_config)
+        if config.pretraining is not None:
+            pretrain(model, tokenizer, config.pretraining, seed=name_seed(name))
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     # save_jinja_files=False keeps the chat template inside tokenizer_config.json, where older readers look.

@@ -24,7 +24,6 @@ RewardFn = Callable[[str, dict[str, Any]], float | tuple[float, dict[str, float]
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_CLOSES_ANSWER_OPENS = re.compile(r"</think>\s*<answer>")
-_INTEGER_WORD = re.compile(r"[+-]?\d+")
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _NUMERIC = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 
@@ -168,29 +167,32 @@ def format_answer_tag(completion: str, sample: dict[str, Any]) -> float:
 
 
 def tiny_task(completion: str, sample: dict[str, Any]) -> tuple[float, dict[str, float]]:
-    """The demo task: continue "count: 3 4 5" with "6 7 8". Half for writing integers, half for the right ones.
+    """The demo task: continue "count: 3 4 5" with exactly "6 7 8", then stop.
 
-    score = 0.5 * (share of the completion's words that are integers; 0 for an empty completion)
-          + 0.5 * (share of the expected numbers matched position by position).
-    The first half gives a random model a reward well above 0 and GRPO a gradient from step one;
-    the second half has room up to 1.
+    score = (expected numbers matched position by position) / max(words written, numbers expected):
+    each right number earns its share, and every word beyond the expected ones dilutes it, so only
+    the right three numbers and nothing after them score 1. The metrics split the two lessons:
+    `matched_share` (the right numbers) and `extra_words` (not stopping).
 
     >>> tiny_task(" 6 7 8", {"answer": "6 7 8"})
-    (1.0, {'integer_share': 1.0, 'matched_share': 1.0})
+    (1.0, {'matched_share': 1.0, 'extra_words': 0.0})
 
-    Words "6", "x", "9": 2 of 3 are integers; position 0 matches "6", position 2 "9" != "8".
-    score = 0.5 * 2/3 + 0.5 * 1/3 = 0.5.
+    Counting on past the answer: 3 matches over 5 words.
 
-    >>> tiny_task(" 6 x 9", {"answer": "6 7 8"})
-    (0.5, {'integer_share': 0.6666666666666666, 'matched_share': 0.3333333333333333})
+    >>> tiny_task(" 6 7 8 9 10", {"answer": "6 7 8"})
+    (0.6, {'matched_share': 1.0, 'extra_words': 2.0})
+
+    Stopping early, with a wrong second number: 1 match over the 3 expected.
+
+    >>> tiny_task(" 6 9", {"answer": "6 7 8"})
+    (0.3333333333333333, {'matched_share': 0.3333333333333333, 'extra_words': 0.0})
     """
     words = completion.split()
     expected = reference_answer(sample).split()
-    integer_share = sum(1 for word in words if _INTEGER_WORD.fullmatch(word)) / len(words) if words else 0.0
     matched = sum(1 for got, want in zip(words, expected, strict=False) if got == want)
+    score = matched / max(len(words), len(expected), 1)
     matched_share = matched / len(expected) if expected else 0.0
-    score = 0.5 * integer_share + 0.5 * matched_share
-    return score, {"integer_share": integer_share, "matched_share": matched_share}
+    return score, {"matched_share": matched_share, "extra_words": float(max(0, len(words) - len(expected)))}
 
 
 #: The built-in rewards by manifest name; the keys equal `kuberl.api.spec.BUILTIN_REWARDS` (a test checks).

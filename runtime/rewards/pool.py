@@ -48,10 +48,10 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from kuberl.api import RewardSpec
 from kuberl.api.topology import ActorGroup
 from kuberl.runtime.deadline import StepTimeoutError, current_deadline
-from kuberl.runtime.metrics import REWARD_POOL_SIZE
 from kuberl.runtime.rewards.autoscale import PoolBounds, ScalePolicy, decide_pool_size
 from kuberl.runtime.rewards.functions import RewardResult
 from kuberl.runtime.rewards.ledger import ResultLedger
+from kuberl.runtime.telemetry import REWARD_POOL_SIZE
 from kuberl.runtime.workers.group import ray_actor_options
 from kuberl.runtime.workers.reward_worker import RewardWorker
 

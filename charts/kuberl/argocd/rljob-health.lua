@@ -3,6 +3,7 @@
 --   Succeeded                                  -> Healthy
 --   Pending, Starting, Running, Restarting     -> Progressing
 --   Failed                                     -> Degraded
+--   Queued (Kueue holds the RayJob)            -> Suspended: waiting for quota, not failing
 --   Suspended                                  -> Suspended
 --   no status yet, or a status older than the spec (observedGeneration < generation) -> Progressing
 --   a refused spec change (condition SpecChangeRefused=True) on a job still going -> Degraded: the
@@ -71,6 +72,11 @@ if refused ~= nil and refused.status == "True" then
   return health
 end
 
+if phase == "Queued" then
+  health.status = "Suspended"
+  health.message = message_for(status, "Queued", "The job waits in its Kueue queue")
+  return health
+end
 if phase == "Suspended" then
   health.status = "Suspended"
   health.message = message_for(status, "Suspended", "The job is suspended (spec.runPolicy.suspend)")

@@ -18,6 +18,7 @@ Its namespaces are `chart-*`, never `op-*`: the operator tests' own operator wat
 
 import asyncio
 import base64
+import contextlib
 import logging
 import secrets
 import socket
@@ -247,50 +248,45 @@ def uninstall(cp: ControlPlane, objects: list[dict[str, Any]], namespaces: list[
                 raise
 
 
-@pytest.fixture(scope="module", params=["cluster", "namespace"])
-def installation(
-    control_plane: ControlPlane,  # noqa: F811 - the fixture of that name
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
+@contextlib.contextmanager
+def installed(
+    cp: ControlPlane,
+    values: dict[str, Any],
+    *,
+    release_namespace: str,
+    jobs_namespace: str,
+    folder: Path,
+    create_namespaces: tuple[str, ...] = (),
 ) -> Iterator[Installation]:
-    pytest.importorskip("helm_python", reason="rendering the chart needs helm-python-sdk (the dev extra)")
-    scope: str = request.param
-    suffix = secrets.token_hex(3)
-    release_namespace, jobs_namespace = f"chart-{scope[:2]}-rel-{suffix}", f"chart-{scope[:2]}-jobs-{suffix}"
-    values = {
-        "rbac": {"scope": scope},
-        "watchNamespaces": [jobs_namespace],
-        "runtime": {"namespaces": [jobs_namespace]},
-    }
+    """`helm install` of the chart with `values` into `release_namespace`, and the operator running as the chart's
+    ServiceAccount with the chart's webhook certificate; on exit, everything it made is removed (both namespaces
+    included)."""
     objects = render(values, name=RELEASE, namespace=release_namespace)
-    folder = tmp_path_factory.mktemp(f"chart-{scope}")
     address = this_machines_address()
     settings = operator_settings(objects, mount_secret(one(objects, "Secret"), folder / "webhook-tls"), address)
     webhook = one(objects, "ValidatingWebhookConfiguration")["metadata"]["name"]
-    for namespace in (release_namespace, jobs_namespace):
-        create_namespace(control_plane, namespace)
-    client = admin_client(control_plane)
+    for namespace in create_namespaces:
+        create_namespace(cp, namespace)
+    client = admin_client(cp)
     logs: list[logging.LogRecord] = []
     handler = Collect(logs)
     try:
         helm_install_crds(client, chart_crds())
         helm_apply(client, objects)
         assert settings.webhook_port is not None
-        route_service_here(control_plane, one(objects, "Service", f"{RELEASE}-webhook"), address, settings.webhook_port)
+        route_service_here(cp, one(objects, "Service", f"{RELEASE}-webhook"), address, settings.webhook_port)
         service_account = one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-        operator_token = service_account_token(control_plane, release_namespace, service_account)
+        operator_token = service_account_token(cp, release_namespace, service_account)
         kubeconfig = folder / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(kubeconfig_for(control_plane.server, operator_token, control_plane.ca_file))
-        )
+        kubeconfig.write_text(yaml.safe_dump(kubeconfig_for(cp.server, operator_token, cp.ca_file)))
         for name in ("kopf", "kuberl"):
             logging.getLogger(name).addHandler(handler)
-        running = RunningOperator(settings, kubeconfig, f"chart-operator-{scope}")
+        running = RunningOperator(settings, kubeconfig, f"chart-operator-{release_namespace}")
         running.start()
         try:
-            wait_until(lambda: webhook_answers(control_plane, jobs_namespace), timeout=30, what=f"webhook {webhook}")
+            wait_until(lambda: webhook_answers(cp, jobs_namespace), timeout=30, what=f"webhook {webhook}")
             yield Installation(
-                scope=scope,
+                scope=str(values.get("rbac", {}).get("scope", "cluster")),
                 release_namespace=release_namespace,
                 jobs_namespace=jobs_namespace,
                 objects=objects,
@@ -307,4 +303,29 @@ def installation(
     finally:
         for name in ("kopf", "kuberl"):
             logging.getLogger(name).removeHandler(handler)
-        uninstall(control_plane, objects, [release_namespace, jobs_namespace])
+        uninstall(cp, objects, [release_namespace, jobs_namespace])
+
+
+@pytest.fixture(scope="module", params=["cluster", "namespace"])
+def installation(
+    control_plane: ControlPlane,  # noqa: F811 - the fixture of that name
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Installation]:
+    pytest.importorskip("helm_python", reason="rendering the chart needs helm-python-sdk (the dev extra)")
+    scope: str = request.param
+    suffix = secrets.token_hex(3)
+    release_namespace, jobs_namespace = f"chart-{scope[:2]}-rel-{suffix}", f"chart-{scope[:2]}-jobs-{suffix}"
+    values = {
+        "rbac": {"scope": scope},
+        "watchNamespaces": [jobs_namespace],
+    }
+    with installed(
+        control_plane,
+        values,
+        release_namespace=release_namespace,
+        jobs_namespace=jobs_namespace,
+        folder=tmp_path_factory.mktemp(f"chart-{scope}"),
+        create_namespaces=(release_namespace, jobs_namespace),
+    ) as installation:
+        yield installation

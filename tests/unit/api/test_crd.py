@@ -56,7 +56,16 @@ def test_enums_and_bounds_reach_the_crd(schema):
     assert "grpo" in algorithm["name"]["enum"] and "ppo" in algorithm["name"]["enum"]
     assert algorithm["groupSize"]["minimum"] == 1
     phase = schema["properties"]["status"]["properties"]["phase"]
-    assert set(phase["enum"]) == {"Pending", "Starting", "Running", "Suspended", "Restarting", "Succeeded", "Failed"}
+    assert set(phase["enum"]) == {
+        "Pending",
+        "Queued",
+        "Starting",
+        "Running",
+        "Suspended",
+        "Restarting",
+        "Succeeded",
+        "Failed",
+    }
 
 
 def test_required_fields_of_the_smallest_manifest(schema):
@@ -76,6 +85,7 @@ def test_resource_names_columns_and_status_subresource():
         "Total": ".status.progress.totalSteps",
         "Reward": ".status.metrics.rewardMean",
         "Restarts": ".status.restarts",
+        "Queue": ".spec.queueName",
         "Age": ".metadata.creationTimestamp",
     }
 

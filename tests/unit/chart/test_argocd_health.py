@@ -47,10 +47,17 @@ def condition(kind: str, status: str, message: str) -> dict[str, str]:
         ("Restarting", "Progressing"),
         ("Failed", "Degraded"),
         ("Suspended", "Suspended"),
+        ("Queued", "Suspended"),
     ],
 )
 def test_phase_maps_to_argocd_health(phase: str, expected: str):
     assert health(rljob({"phase": phase, "observedGeneration": 1}))["status"] == expected
+
+
+def test_a_queued_job_says_where_it_waits():
+    message = "RayJob tiny-grpo-0 waits in Kueue queue team-a for admission"
+    status = {"phase": "Queued", "observedGeneration": 1, "conditions": [condition("Queued", "True", message)]}
+    assert health(rljob(status)) == {"status": "Suspended", "message": message}
 
 
 def test_job_without_status_is_progressing():

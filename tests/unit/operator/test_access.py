@@ -21,7 +21,7 @@ from kuberl.operator.access import (
     build_network_policy,
     build_runtime_identity,
 )
-from kuberl.operator.builders import Owner, build_rayjob
+from kuberl.operator.builders import METRICS_PORT, Owner, build_rayjob
 from tests.conftest import REPO
 from tests.unit.operator.conftest import UID, base_spec, make_rljob
 from tests.unit.operator.pod_security import violations
@@ -142,12 +142,13 @@ def test_ray_token_authentication_is_on_with_the_jobs_own_secret():
     assert "Secret" in CREATE_ONLY  # and never overwritten
 
 
-def test_the_network_policy_admits_the_jobs_own_pods_and_kuberay_on_the_dashboard_only():
+def test_the_network_policy_admits_the_jobs_own_pods_kuberay_on_the_dashboard_and_scrapers_on_the_metrics():
     policy = build_network_policy(OWNER, KubeRayPeer(namespace="ray-system"))
     spec = policy["spec"]
     assert spec["podSelector"] == {"matchLabels": {names.JOB_LABEL: "tiny-grpo"}}
     assert spec["policyTypes"] == ["Ingress"]
-    own, kuberay = spec["ingress"]
+    own, kuberay, scrapers = spec["ingress"]
+    assert scrapers == {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]}  # any source, that port only
     assert own == {"from": [{"podSelector": {"matchLabels": {names.JOB_LABEL: "tiny-grpo"}}}]}
     assert kuberay["ports"] == [{"protocol": "TCP", "port": DASHBOARD_PORT}]
     assert kuberay["from"] == [

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kuberl.api import parse_rljob
+from kuberl.api import contract, parse_rljob
 from kuberl.operator import names
 from kuberl.operator.builders import (
     Owner,
@@ -260,3 +260,13 @@ def test_every_ray_pod_runs_as_the_jobs_own_account_unless_a_pool_names_another(
     cluster = rayjob["spec"]["rayClusterSpec"]
     assert cluster["headGroupSpec"]["template"]["spec"]["serviceAccountName"] == "tiny-grpo-runtime"
     assert groups(rayjob)["actor"]["template"]["spec"]["serviceAccountName"] == "team-trainer"
+
+
+def test_the_head_serves_the_runtime_metrics_on_a_named_port_and_only_the_head():
+    rayjob = rayjob_for()
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"containerPort": 9464, "name": "kuberl-metrics"} in head["ports"]
+    assert {"name": contract.METRICS_PORT_ENV, "value": "9464"} in head["env"]
+    for group in groups(rayjob).values():
+        (worker,) = group["template"]["spec"]["containers"]
+        assert contract.METRICS_PORT_ENV not in {entry["name"] for entry in worker["env"]}

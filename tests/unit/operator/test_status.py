@@ -1,4 +1,4 @@
-"""KubeRay's status folded into the operator's four states, and conditions that keep their transition time."""
+"""KubeRay's status folded into the operator's states, and conditions that keep their transition time."""
 
 import pytest
 
@@ -15,6 +15,7 @@ from kuberl.operator.status import (
 from tests.unit.operator.conftest import at
 
 S, R, OK, F = RayJobState.STARTING, RayJobState.RUNNING, RayJobState.SUCCEEDED, RayJobState.FAILED
+Q = RayJobState.QUEUED
 
 
 @pytest.mark.parametrize(
@@ -25,8 +26,8 @@ S, R, OK, F = RayJobState.STARTING, RayJobState.RUNNING, RayJobState.SUCCEEDED, 
         ("Initializing", "", S),
         ("Waiting", "", S),
         ("Retrying", "", S),
-        ("Suspending", "", S),
-        ("Suspended", "", S),
+        ("Suspending", "", Q),
+        ("Suspended", "", Q),
         ("Running", "PENDING", S),
         ("Running", "", R),
         ("Running", "RUNNING", R),
@@ -40,6 +41,20 @@ S, R, OK, F = RayJobState.STARTING, RayJobState.RUNNING, RayJobState.SUCCEEDED, 
 )
 def test_rayjob_state(deployment: str, job: str, state: RayJobState):
     assert rayjob_state({"status": {"jobDeploymentStatus": deployment, "jobStatus": job}}) == state
+
+
+@pytest.mark.parametrize(
+    ("deployment", "job", "state"),
+    [
+        ("", "", Q),  # created suspended: Kueue has not admitted it
+        ("Running", "RUNNING", Q),  # Kueue preempts it; KubeRay has not reacted yet
+        ("Complete", "SUCCEEDED", OK),  # finished before the suspension: finished it is
+        ("Failed", "", F),
+    ],
+)
+def test_a_suspended_rayjob_is_queued_unless_it_finished(deployment: str, job: str, state: RayJobState):
+    rayjob = {"spec": {"suspend": True}, "status": {"jobDeploymentStatus": deployment, "jobStatus": job}}
+    assert rayjob_state(rayjob) == state
 
 
 def test_a_rayjob_without_status_is_starting():

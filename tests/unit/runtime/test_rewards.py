@@ -195,24 +195,34 @@ def test_format_answer_tag_scores_a_megabyte_of_degenerate_output_in_linear_time
 
 
 @pytest.mark.parametrize(
-    ("completion", "score", "integer_share", "matched_share"),
+    ("completion", "score", "matched_share", "extra_words"),
     [
-        (" 6 7 8", 1.0, 1.0, 1.0),
-        ("6 7 8 9 10", 1.0, 1.0, 1.0),  # extra numbers cost nothing: all words are integers, 3/3 matched
-        (" 7 8 9", 0.5, 1.0, 0.0),  # 0.5 * 1 + 0.5 * 0: integers, none in place
-        (" 6 x 8", 0.5 * 2 / 3 + 0.5 * 2 / 3, 2 / 3, 2 / 3),
-        (" x 6 7 8", 0.5 * 3 / 4 + 0.5 * 0, 3 / 4, 0.0),  # shifted by one word: no position matches
-        (" 6", 0.5 * 1 + 0.5 * 1 / 3, 1.0, 1 / 3),
-        ("", 0.0, 0.0, 0.0),
-        ("   ", 0.0, 0.0, 0.0),
-        ("six seven eight", 0.0, 0.0, 0.0),
-        ("6.0 7 8", 0.5 * 2 / 3 + 0.5 * 2 / 3, 2 / 3, 2 / 3),  # "6.0" is not an integer word
+        (" 6 7 8", 1.0, 1.0, 0),
+        ("6 7 8", 1.0, 1.0, 0),  # the leading space is the tokenizer's, not the task's
+        (" 6 7 8 9 10", 3 / 5, 1.0, 2),  # counting on: 3 right of 5 words
+        (" 6 7 8 9 10 11 12 13 14 15 16 17", 3 / 12, 1.0, 9),  # to the 12-token limit
+        (" 7 8 9", 0.0, 0.0, 0),  # one off: no position matches
+        (" 6 x 8", 2 / 3, 2 / 3, 0),
+        (" x 6 7 8", 0.0, 0.0, 1),  # shifted by one word: no position matches
+        (" 6", 1 / 3, 1 / 3, 0),  # stopped early: 1 of the 3 expected
+        (" 6 7", 2 / 3, 2 / 3, 0),
+        ("", 0.0, 0.0, 0),
+        ("   ", 0.0, 0.0, 0),
+        ("six seven eight", 0.0, 0.0, 0),
+        ("6.0 7 8", 2 / 3, 2 / 3, 0),  # "6.0" is not the word "6"
     ],
 )
-def test_tiny_task(completion: str, score: float, integer_share: float, matched_share: float) -> None:
+def test_tiny_task(completion: str, score: float, matched_share: float, extra_words: int) -> None:
     got, metrics = tiny_task(completion, {"prompt": "count: 3 4 5", "answer": "6 7 8"})
     assert got == pytest.approx(score)
-    assert metrics == pytest.approx({"integer_share": integer_share, "matched_share": matched_share})
+    assert metrics == pytest.approx({"matched_share": matched_share, "extra_words": extra_words})
+
+
+def test_tiny_task_pays_most_for_the_right_numbers_and_then_stopping() -> None:
+    sample = {"answer": "6 7 8"}
+    ranked = [" 6 7 8", " 6 7 8 9", " 6 7", " 6 7 8 9 10 11 12", " 7 8 9"]
+    scores = [tiny_task(completion, sample)[0] for completion in ranked]
+    assert scores == sorted(scores, reverse=True) and scores[0] == 1.0 and len(set(scores)) == len(scores)
 
 
 @pytest.mark.parametrize("completion", GARBAGE)

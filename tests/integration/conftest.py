@@ -1,4 +1,5 @@
-"""One Ray for the whole session (starting Ray costs seconds); each test's job brings its own workers.
+"""One Ray for the whole session (starting Ray costs seconds): the runtime tests' jobs and the operator tests'
+pods (test_kueue) bring their own workers into it.
 
 The session's Ray offers every pool's custom resource (as a cluster with room for any test's pools
 would), since every actor asks for its pool's (api/topology.py).
