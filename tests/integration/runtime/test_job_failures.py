@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kuberl.api.status import REPORT_KEY
 from kuberl.runtime.deadline import StepTimeoutError
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.health import NonFiniteUpdatesError, RewardFailureError
@@ -28,12 +29,16 @@ def metrics_lines(output: Path) -> list[dict]:
 
 @pytest.fixture
 def published(monkeypatch: pytest.MonkeyPatch):
-    """The status bodies the run publishes (as it would inside an operator-started pod)."""
+    """The report bodies the run publishes (as it would inside an operator-started pod)."""
     server = RecordingApiServer()
     monkeypatch.setattr(
         StatusPublisher,
         "from_environment",
-        staticmethod(lambda: KubernetesStatusPublisher("demo", "team-a", server.url, None, None, min_interval=0.0)),
+        staticmethod(
+            lambda: KubernetesStatusPublisher(
+                "demo", "team-a", server.url, None, None, configmap="demo-progress", min_interval=0.0
+            )
+        ),
     )
     yield server.requests
     server.close()
@@ -74,9 +79,9 @@ def test_nan_updates_are_skipped_and_fail_the_job_keeping_the_good_checkpoints(r
     assert [line["actor/update_skipped"] for line in lines] == [0.0, 0.0, 1.0, 1.0]
     assert [line["actor/grad_norm"] for line in lines[2:]] == ["NaN", "NaN"]  # recorded, not dropped
     assert lines[2]["reward/mean"] == "Infinity"
-    last = published[-1]["body"]["status"]
+    last = json.loads(published[-1]["body"]["data"][REPORT_KEY])
     assert last["progress"]["step"] == 4 and last["lastCheckpoint"]["uri"] == str(good)
-    assert "rewardMean" not in last["metrics"]  # JSON cannot carry it, the API server would refuse the patch
+    assert "rewardMean" not in last["metrics"]  # JSON cannot carry it, the operator would refuse the report
 
 
 def test_a_reward_failing_above_max_failure_fraction_fails_the_job_naming_it(ray_session, tmp_path):
