@@ -7,6 +7,7 @@ escapes it, whatever the input (a property-based test holds it to that).
 """
 
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -14,11 +15,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from kuberl.api.base import KuberlModel
 from kuberl.api.rules import RULES_ERROR_TYPE
-from kuberl.api.spec import DNS_LABEL_PATTERN, RLJobSpec
+from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import RLJobStatus
 
 GROUP = "kuberl.io"
@@ -26,9 +27,20 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RLJob"
 PLURAL = "rljobs"
-#: Names of things kuberl derives from the job (RayJob `<name>-<n>`, its cluster and services) must stay
-#: within Kubernetes' 63-character label limit, which leaves the job's own name 40.
+#: Names of things kuberl derives from the job must pass KubeRay's own validation
+#: (ray-operator/controllers/ray/utils/validation.go `ValidateRayJobMetadata`): a RayJob name `<name>-<n>`
+#: of at most 47 characters (MaxRayJobNameLength: KubeRay appends 6 for the RayCluster, whose services add
+#: up to 10 more within 63), and a DNS-1035 label. 40 leaves the RayJob index six digits.
 MAX_NAME_LENGTH = 40
+#: DNS-1035 label: KubeRay refuses a RayJob or RayCluster name that does not start with a letter.
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def suggested_name(name: str) -> str:
+    """A name like `name` that KubeRay accepts: `7b-grpo` -> `job-7b-grpo`, `My_Job` -> `my-job`."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "job"
+    cleaned = cleaned if cleaned[0].isalpha() else f"job-{cleaned}"
+    return cleaned[:MAX_NAME_LENGTH].rstrip("-")
 
 
 class ObjectMeta(BaseModel):
@@ -39,9 +51,21 @@ class ObjectMeta(BaseModel):
     name: str = Field(
         min_length=1,
         max_length=MAX_NAME_LENGTH,
-        pattern=DNS_LABEL_PATTERN,
-        description="Job name: lower-case letters, digits and '-', at most 40 characters.",
+        description="Job name: a lower-case letter first, then lower-case letters, digits and '-' (not last), at "
+        "most 40 characters: KubeRay requires its RayJob `<name>-<n>` to be a DNS-1035 label of at most 47.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name_kuberay_accepts(cls, name: str) -> str:
+        if not re.fullmatch(JOB_NAME_PATTERN, name):
+            raise ValueError(
+                f"{name!r} is not a name KubeRay accepts for the job's RayJob ({name}-0): it must start with a "
+                "lower-case letter and hold only lower-case letters, digits and '-', not at the end (a DNS-1035 "
+                f"label), e.g. {suggested_name(name)!r}"
+            )
+        return name
+
     namespace: str | None = Field(None, description="Namespace of the job.")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
@@ -122,6 +146,8 @@ def _message(error: Any) -> str:
         return f"unknown field{hint}; known fields here: {', '.join(known)}" if known else "unknown field"
     if kind == "missing":
         return "required field is missing"
+    if kind == "value_error":  # our own validators' messages, without pydantic's "Value error, " in front
+        return str(error["ctx"]["error"])
     return str(error["msg"])
 
 
