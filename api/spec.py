@@ -460,12 +460,15 @@ class CheckpointSpec(KuberlModel):
     uri: str | None = Field(
         None,
         description="Checkpoint location: a path (inside pvcClaimName's mount on Kubernetes) or s3://bucket/prefix. "
-        f"Default: <output dir>/checkpoints locally, {CHECKPOINT_MOUNT_DIR} on the claim on Kubernetes.",
+        f"Default: <output dir>/checkpoints locally, {CHECKPOINT_MOUNT_DIR}/<namespace>/<name>/checkpoints on the "
+        "claim on Kubernetes. A location holding another RLJob's checkpoints is refused.",
     )
     pvc_claim_name: str | None = Field(
         None,
         pattern=DNS_LABEL_PATTERN,
-        description=f"PersistentVolumeClaim mounted at {CHECKPOINT_MOUNT_DIR} in every pod.",
+        description=f"PersistentVolumeClaim mounted at {CHECKPOINT_MOUNT_DIR} in every pod. Jobs may share one "
+        f"(ReadWriteMany): each writes under {CHECKPOINT_MOUNT_DIR}/<namespace>/<name>/ (its checkpoints, "
+        "metrics.jsonl, TensorBoard events and the exported model).",
     )
     secret_ref: str | None = Field(
         None,

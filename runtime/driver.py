@@ -58,22 +58,28 @@ class Preempted(Exception):
         self.checkpoint = checkpoint
 
 
+def job_folder_on_claim(job: RLJob) -> Path:
+    """`<claim mount>/<namespace>/<name>`: one job's folder on a checkpoint claim, which jobs may share (RWX)."""
+    return Path(CHECKPOINT_MOUNT_DIR) / (job.metadata.namespace or "default") / job.metadata.name
+
+
 def checkpoint_uri(job: RLJob, output_dir: Path) -> str:
-    """checkpoint.uri as given (relative paths inside the output folder), the claim's mount, or <output>/checkpoints."""
+    """checkpoint.uri as given (relative paths inside the output folder), the job's folder on its claim, or
+    <output>/checkpoints."""
     ckpt = job.spec.checkpoint
     if ckpt.uri:
         if "://" in ckpt.uri or Path(ckpt.uri).is_absolute():
             return ckpt.uri
         return str(output_dir / ckpt.uri)
     if ckpt.pvc_claim_name:
-        return CHECKPOINT_MOUNT_DIR
+        return str(job_folder_on_claim(job) / "checkpoints")
     return str(output_dir / "checkpoints")
 
 
 def default_output_dir(job: RLJob) -> Path:
-    """runs/<job name>/, or the checkpoint claim's mount when the job has one: the exported model,
+    """runs/<job name>/, or the job's folder on its checkpoint claim when it has one: the exported model,
     metrics.jsonl and TensorBoard events then outlive the pod, on the claim beside the checkpoints."""
-    return Path(CHECKPOINT_MOUNT_DIR) if job.spec.checkpoint.pvc_claim_name else Path("runs") / job.metadata.name
+    return job_folder_on_claim(job) if job.spec.checkpoint.pvc_claim_name else Path("runs") / job.metadata.name
 
 
 class Checkpointing:
@@ -95,6 +101,8 @@ class Checkpointing:
     def start_point(self, restart: bool) -> CheckpointRef | None:
         """The checkpoint the run resumes from, None to start fresh; refuses to start over saved work."""
         ref = self.store.latest()
+        if ref is not None:
+            self.refuse_another_jobs(ref)
         start = start_from(ref is not None, self.spec, restart)
         if start == Start.REFUSE:
             assert ref is not None
@@ -104,6 +112,18 @@ class Checkpointing:
                 "to carry on from them"
             )
         return ref if start == Start.RESUME else None
+
+    def refuse_another_jobs(self, ref: CheckpointRef) -> None:
+        """A location holding another RLJob's checkpoints is not resumed from, nor saved into."""
+        theirs = self.store.job_of(ref)
+        mine = (self.job.metadata.namespace, self.job.metadata.name)
+        if theirs != mine:
+            owner = "/".join(part for part in theirs if part) or "an unnamed job"
+            raise RunConfigError(
+                f"{self.store.uri} holds the checkpoints of RLJob {owner} (up to step {ref.step}), not of this "
+                f"job ({'/'.join(part for part in mine if part)}); give this job a location of its own "
+                "(spec.checkpoint.uri, or --output)"
+            )
 
     def begin(self, groups: Groups, ref: CheckpointRef | None) -> int:
         """Load `ref` into every trainer of `groups`; the step to start from (0: fresh)."""

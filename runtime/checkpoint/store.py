@@ -231,6 +231,12 @@ class CheckpointStore:
     def load_train_state(self, ref: CheckpointRef) -> dict[str, Any]:
         return dict(json.loads(Location(ref.uri).child(TRAIN_STATE).read_bytes()))
 
+    def job_of(self, ref: CheckpointRef) -> tuple[str | None, str | None]:
+        """(namespace, name) of the RLJob whose run committed `ref` (its job.yaml)."""
+        manifest = yaml.safe_load(Location(ref.uri).child(JOB_MANIFEST).read_bytes()) or {}
+        metadata = manifest.get("metadata") or {}
+        return metadata.get("namespace") or None, metadata.get("name") or None
+
     # -- cleaning -----------------------------------------------------------------------------------
     def remove_unfinished(self) -> None:
         """Delete what crashed saves left: .tmp- folders, and on object stores step folders without a marker.

@@ -33,7 +33,7 @@ from kuberl.operator.settings import OperatorSettings
 from kuberl.runtime import main as runtime_main
 from kuberl.runtime import plan as runtime_plan
 from kuberl.runtime.checkpoint.policy import Start, start_from
-from kuberl.runtime.driver import checkpoint_uri
+from kuberl.runtime.driver import checkpoint_uri, default_output_dir
 from kuberl.runtime.status_publisher import report_target
 from kuberl.runtime.workers.group import ray_actor_options
 from tests.conftest import REPO
@@ -215,13 +215,15 @@ def test_a_checkpoint_claim_is_mounted_where_the_runtime_saves_in_every_pod(exam
     seen = runtime_sees(made)
     if seen.job.spec.checkpoint.pvc_claim_name is None:
         pytest.skip("no claim: an object store (or, for local runs, the output folder) holds the checkpoints")
-    root = checkpoint_uri(seen.job, Path("/unused-output"))
+    output = str(default_output_dir(seen.job))  # the exported model and metrics.jsonl outlive the pod there
+    root = checkpoint_uri(seen.job, Path(output))
     cluster = made.rayjob["spec"]["rayClusterSpec"]
     for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
         spec = group["template"]["spec"]
         claims = {v["name"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
         mounted = [m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m["name"] in claims]
-        assert any(root == path or root.startswith(path + "/") for path in mounted), (group, root)
+        for folder in (root, output):
+            assert any(folder.startswith(path + "/") for path in mounted), (group, folder)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)

@@ -214,14 +214,18 @@ def resume(story: Story, command: str) -> None:
     wait_until(lambda: story.rayjobs(namespace).get("tiny-grpo-1"), timeout=30, what="RayJob tiny-grpo-1")
     story.play_kuberay(namespace, "tiny-grpo-1", "Running", "RUNNING")
     story.wait_phase(namespace, "tiny-grpo", "Running")
-    checkpoint = {"step": 60, "uri": "/checkpoints/step-000060", "time": "2025-01-01T12:00:00Z"}
+    checkpoint = {
+        "step": 60,
+        "uri": "/checkpoints/rl/tiny-grpo/checkpoints/step-000060",
+        "time": "2025-01-01T12:00:00Z",
+    }
     story.publish(namespace, "tiny-grpo", 60, 0.98, checkpoint)
     story.play_kuberay(namespace, "tiny-grpo-1", "Complete", "SUCCEEDED")
     story.wait_phase(namespace, "tiny-grpo", "Succeeded")
 
 
 def last_checkpoint(story: Story, command: str) -> None:
-    assert story.kubectl(command) == "/checkpoints/step-000060\n"
+    assert story.kubectl(command) == "/checkpoints/rl/tiny-grpo/checkpoints/step-000060\n"
 
 
 def namespace_create(story: Story, command: str) -> None:
