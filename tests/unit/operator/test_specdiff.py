@@ -45,6 +45,23 @@ def test_safe_changes_have_no_objection(change: dict[str, Any]):
         (base_spec(), spec_with(models={"actor": {"path": "hf://org/other"}}), "spec.models.actor.path"),
         (base_spec(), spec_with(algorithm={"name": "rloo"}), "spec.algorithm.name"),
         (spec_with(**PPO), spec_with(algorithm=GRPO_ESTIMATOR), "spec.models.critic"),
+        (base_spec(), spec_with(checkpoint={"uri": "s3://bucket/elsewhere"}), "spec.checkpoint.uri"),
+        (base_spec(), spec_with(checkpoint={"pvcClaimName": "other-claim"}), "spec.checkpoint.pvcClaimName"),
+        (
+            spec_with(**PPO),
+            spec_with(**{**PPO, "models": {**PPO["models"], "critic": {"path": "hf://org/rm"}}}),
+            "spec.models.critic.path",
+        ),
+        (
+            base_spec(),
+            spec_with(models={"actor": {"path": "hf://org/actor", "dtype": "bfloat16"}}),
+            "spec.models.actor.dtype",
+        ),
+        (
+            base_spec(),
+            spec_with(models={"actor": {"path": "hf://org/actor", "lora": {"rank": 8}}}),
+            "spec.models.actor.lora",
+        ),
     ],
 )
 def test_unsafe_changes_name_the_field(running: dict, desired: dict, field: str):
