@@ -106,6 +106,13 @@ class RuntimeArgs:
             "spec.checkpoint.resume is false (the operator passes it to every RayJob after the first)"
         },
     )
+    rayjob: str | None = field(
+        default=None,
+        metadata={
+            "help": "the RayJob this run is (the operator names it): the runtime's report carries it, so the "
+            "operator never reads one RayJob's verdict as another's"
+        },
+    )
     metrics_port: int | None = field(
         default=None,
         metadata={

@@ -189,6 +189,7 @@ class ConditionReason(StrEnum):
     BACKOFF = "BackoffBeforeRestart"
     RESTARTED_FROM_CHECKPOINT = "RestartedFromCheckpoint"
     MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
+    INVALID_CONFIGURATION = "InvalidConfiguration"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED_BY_USER = "ResumedByUser"

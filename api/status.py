@@ -106,3 +106,10 @@ class RuntimeReport(KuberlModel):
     metrics: Metrics = Field(default_factory=Metrics, description="The latest step's headline metrics.")
     validation: Validation | None = Field(None, description="The latest validation scores.")
     last_checkpoint: CheckpointRef | None = Field(None, description="The newest committed checkpoint.")
+    rayjob: str | None = Field(None, max_length=63, description="The RayJob whose run wrote this report.")
+    configuration_error: str | None = Field(
+        None,
+        max_length=4096,
+        description="Why the job cannot run as specified (the runtime then exits with contract.ExitCode."
+        "CONFIG_ERROR): no restart will help, so the operator fails the job with reason InvalidConfiguration.",
+    )

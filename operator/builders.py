@@ -134,13 +134,14 @@ def configmap_spec(configmap: dict[str, Any] | None) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) else None
 
 
-def runtime_args(resume: bool) -> list[str]:
-    """The runtime's command line on the mounted spec; `--resume` marks a restart of the same run."""
-    return contract.runtime_command(contract.RuntimeArgs(spec=contract.SPEC_PATH, resume=resume))
+def runtime_args(resume: bool, rayjob: str) -> list[str]:
+    """The runtime's command line on the mounted spec; `--resume` marks a restart of the same run, and
+    `--rayjob` names the RayJob in the runtime's reports."""
+    return contract.runtime_command(contract.RuntimeArgs(spec=contract.SPEC_PATH, resume=resume, rayjob=rayjob))
 
 
-def entrypoint(resume: bool) -> str:
-    return shlex.join(runtime_args(resume))
+def entrypoint(resume: bool, rayjob: str) -> str:
+    return shlex.join(runtime_args(resume, rayjob))
 
 
 def ray_start_params(pool: Pool) -> dict[str, str]:
@@ -322,7 +323,9 @@ def build_rayjob(
         "spec": {
             # A queued job's RayJob is re-run by KubeRay after each Kueue preemption: every run of it but
             # the first is a restart of the same run, and only --resume makes it one (resume: false).
-            "entrypoint": entrypoint(resume=index > 0 or job.spec.queue_name is not None),
+            "entrypoint": entrypoint(
+                resume=index > 0 or job.spec.queue_name is not None, rayjob=names.rayjob_name(owner.name, index)
+            ),
             "submissionMode": "HTTPMode",
             # Kueue admits a queued RayJob by unsuspending it; it must be created suspended.
             **({"suspend": True} if job.spec.queue_name else {}),

@@ -43,6 +43,7 @@ from typing import Any
 from kuberl.api import ManifestError, RLJob, parse_rljob
 from kuberl.api.enums import TERMINAL_PHASES, ConditionReason, ConditionType, Phase
 from kuberl.api.spec import RunPolicy
+from kuberl.api.status import RuntimeReport
 from kuberl.operator import names
 from kuberl.operator.access import build_access, build_progress_configmap
 from kuberl.operator.builders import Owner, build_configmap, build_rayjob, configmap_spec, spec_manifest
@@ -175,6 +176,7 @@ class _Pass:
     foreign: set[str]  # names held by RayJobs of another owner (a deleted RLJob of the same name)
     has_configmap: bool
     has_progress: bool
+    report: RuntimeReport | None  # the runtime's, validated (read_report)
     foreign_configmaps: list[str]
     kuberay_missing: bool
     apply: list[dict[str, Any]] = field(default_factory=list)
@@ -295,6 +297,7 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
         foreign={rj["metadata"]["name"] for rj in observed.rayjobs if not owned_by(rj, owner.uid)},
         has_configmap=configmap is not None,
         has_progress=progress is not None,
+        report=report,
         foreign_configmaps=foreign_configmaps,
         kuberay_missing=observed.kuberay_missing,
     )
@@ -491,6 +494,15 @@ def _queued(p: _Pass, name: str) -> None:
 def _failed(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
     detail = rayjob_message(rayjob)
     failure = f"RayJob {name} failed" + (f" ({detail})" if detail else "")
+    if p.report is not None and p.report.rayjob == name and p.report.configuration_error:
+        # Its own run said the job cannot run as specified: a restart would fail the same way. (The job's
+        # pods can end their own job this way, as they could by failing every restart; no other job's.)
+        message = f"RayJob {name} cannot run as specified: {p.report.configuration_error}"
+        p.status = replace(p.status, phase=Phase.FAILED, completion_time=p.now_text())
+        p.condition(ConditionType.FAILED, True, ConditionReason.INVALID_CONFIGURATION, message)
+        p.not_running(ConditionReason.RAYJOB_FAILED, failure)
+        p.terminal = True
+        return
     restarts, limit = p.before.restarts, p.policy.max_restarts
     if restarts >= limit:
         message = f"{failure}; all {limit} restart(s) of runPolicy.maxRestarts are used up"

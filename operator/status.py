@@ -66,7 +66,9 @@ def read_report(configmap: dict[str, Any] | None) -> RuntimeReport | None:
     """The runtime's report in its ConfigMap; None when there is none yet or it does not validate.
 
     The report comes from the job's own pods: only what the models accept is used (numbers in range,
-    known fields), and nothing in it can move a phase, a condition, a name or a time of the operator's.
+    known fields), and nothing in it can move a phase, a condition, a name or a time of the operator's, with
+    one exception that only ends the reporting job itself: a RayJob KubeRay reports failed, whose own run
+    reported a configuration error (`rayjob` names it), is not restarted (decide.py `_failed`).
     """
     text = ((configmap or {}).get("data") or {}).get(REPORT_KEY)
     if not text:

@@ -27,10 +27,12 @@ from kuberl.api.contract import CHECKPOINT_MOUNT_DIR
 from kuberl.runtime.checkpoint import CheckpointRef, CheckpointStore, PreemptionWatcher, should_save
 from kuberl.runtime.checkpoint.policy import Start, start_from
 from kuberl.runtime.controller import Controller, StepResult
+from kuberl.runtime.data import DataError
 from kuberl.runtime.health import JobFailed, RunHealth
 from kuberl.runtime.metrics import RunReporter
-from kuberl.runtime.models.resolve import default_cache_dir
+from kuberl.runtime.models.resolve import ModelNotFoundError, default_cache_dir
 from kuberl.runtime.plan import RunConfigError, RunPlan, make_plan
+from kuberl.runtime.rewards.functions import RewardConfigError
 from kuberl.runtime.rewards.pool import RewardPool
 from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
 from kuberl.runtime.telemetry import PrometheusExporter
@@ -38,6 +40,10 @@ from kuberl.runtime.validation import validation_status
 from kuberl.runtime.workers.launch import Groups, start_groups, start_ray
 
 log = logging.getLogger(__name__)
+
+
+#: A job that cannot run as specified: the message names the field or file; no restart will help.
+CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (RunConfigError, DataError, ModelNotFoundError, RewardConfigError)
 
 
 @dataclass
@@ -224,11 +230,33 @@ def run_job(
     *,
     restart: bool = False,
     metrics_port: int | None = None,
+    rayjob: str | None = None,
 ) -> RunResult:
     """Run `job` to the end; `restart` marks a restart of the same run (it resumes whatever
-    checkpoint.resume says). Raises on a job that cannot run, and `Preempted` after saving when SIGTERM
-    arrives. With `metrics_port` (or $KUBERL_METRICS_PORT) the driver serves Prometheus metrics at
-    /metrics while it runs."""
+    checkpoint.resume says). Raises on a job that cannot run (CONFIGURATION_ERRORS: reported as such to
+    the operator, which then does not restart it), and `Preempted` after saving when SIGTERM arrives.
+    With `metrics_port` (or $KUBERL_METRICS_PORT) the driver serves Prometheus metrics at /metrics while
+    it runs. `rayjob` names the RayJob this run is, in its reports."""
+    publisher = StatusPublisher.from_environment(rayjob=rayjob)
+    try:
+        return _run(job, output_dir, base_dir, address, progress, restart, metrics_port, publisher)
+    except CONFIGURATION_ERRORS as error:
+        publisher.report_configuration_error(str(error))
+        raise
+    finally:
+        publisher.close()
+
+
+def _run(
+    job: RLJob,
+    output_dir: Path,
+    base_dir: Path,
+    address: str | None,
+    progress: bool,
+    restart: bool,
+    metrics_port: int | None,
+    publisher: StatusPublisher,
+) -> RunResult:
     plan = make_plan(job, output_dir, base_dir, default_cache_dir())  # every check before anything is written
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "job.yaml").write_text(_yaml(job.to_manifest()), encoding="utf-8")
@@ -236,7 +264,6 @@ def run_job(
     resume_from = checkpointing.start_point(restart)  # before any actor: a refusal costs no compute
     started_ray = start_ray(address, plan.topology)
     groups: Groups | None = None
-    publisher = StatusPublisher.from_environment()
     namespace = job.metadata.namespace or "default"
     exporter = PrometheusExporter.from_environment(job.metadata.name, namespace, plan.total_steps, metrics_port)
     if exporter is not None:
@@ -266,7 +293,6 @@ def run_job(
         model_dir = checkpointing.export(plan, output_dir / "model") if job.spec.checkpoint.export_hf else None
         return RunResult(output_dir, plan.total_steps, reporter.history, model_dir, plot)
     finally:
-        publisher.close()
         if exporter is not None:
             exporter.close()
         if groups is not None:

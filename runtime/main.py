@@ -19,12 +19,8 @@ from kuberl.api.contract import ExitCode, RuntimeArgs, parse_runtime_args
 
 
 def run_from_cli(args: RuntimeArgs) -> int:
-    from kuberl.runtime.data import DataError
-    from kuberl.runtime.driver import Preempted, default_output_dir, run_job
+    from kuberl.runtime.driver import CONFIGURATION_ERRORS, Preempted, default_output_dir, run_job
     from kuberl.runtime.health import JobFailed
-    from kuberl.runtime.models.resolve import ModelNotFoundError
-    from kuberl.runtime.plan import RunConfigError
-    from kuberl.runtime.rewards.functions import RewardConfigError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -42,8 +38,9 @@ def run_from_cli(args: RuntimeArgs) -> int:
             address=args.address,
             restart=args.resume,
             metrics_port=args.metrics_port,
+            rayjob=args.rayjob,
         )
-    except (RunConfigError, DataError, ModelNotFoundError, RewardConfigError) as error:
+    except CONFIGURATION_ERRORS as error:
         print(f"kuberl run: {error}", file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     except JobFailed as failure:

@@ -59,6 +59,9 @@ def apply_patch(
     metrics: Mapping[str, Any],
     last_checkpoint: Mapping[str, Any] | None,
     validation: Mapping[str, Any] | None = None,
+    *,
+    rayjob: str | None = None,
+    configuration_error: str | None = None,
 ) -> dict[str, Any]:
     """The server-side-apply body: the report ConfigMap's identity and the report, as JSON under REPORT_KEY.
 
@@ -73,6 +76,8 @@ def apply_patch(
             "metrics": _finite(metrics),
             "last_checkpoint": last_checkpoint,
             "validation": validation,
+            "rayjob": rayjob,
+            "configuration_error": configuration_error[:4096] if configuration_error else None,
         }
     )
     return {
@@ -112,12 +117,18 @@ class StatusPublisher:
     ) -> None:
         """Hand over the latest progress (validation: the step's scores, if it validated); returns at once."""
 
+    def report_configuration_error(self, message: str) -> None:
+        """Add to the report that the job cannot run as specified (the operator then fails it without a restart)."""
+
     def close(self, timeout: float = 5.0) -> None:
         """Send what is still pending (best effort, at most `timeout` seconds) and stop."""
 
     @staticmethod
     def from_environment(
-        env: Mapping[str, str] | None = None, service_account_dir: Path = SERVICE_ACCOUNT_DIR
+        env: Mapping[str, str] | None = None,
+        service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+        *,
+        rayjob: str | None = None,
     ) -> "StatusPublisher":
         """A KubernetesStatusPublisher in the head pod of an operator-started job, else the no-op publisher."""
         env = os.environ if env is None else env
@@ -128,7 +139,9 @@ class StatusPublisher:
             return StatusPublisher()
         host = f"[{host}]" if ":" in host else host  # IPv6 service address
         context = ssl.create_default_context(cafile=str(authority))
-        return KubernetesStatusPublisher(name, namespace, f"https://{host}:{port}", token, context, configmap=configmap)
+        return KubernetesStatusPublisher(
+            name, namespace, f"https://{host}:{port}", token, context, configmap=configmap, rayjob=rayjob
+        )
 
 
 class KubernetesStatusPublisher(StatusPublisher):
@@ -145,8 +158,11 @@ class KubernetesStatusPublisher(StatusPublisher):
         min_interval: float = 5.0,
         log_interval: float = 60.0,
         request_timeout: float = 10.0,
+        rayjob: str | None = None,
     ) -> None:
-        self.name, self.namespace = name, namespace
+        self.name, self.namespace, self.rayjob = name, namespace, rayjob
+        #: The last values published: a configuration error is reported beside them, not instead of them.
+        self._values: tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any] | None] = ({}, {}, None)
         self.configmap = configmap or f"{name}-progress"
         self.url = report_url(base_url, self.configmap, namespace)
         self.token_file = token_file
@@ -171,8 +187,25 @@ class KubernetesStatusPublisher(StatusPublisher):
     ) -> None:
         # the latest scores go with every apply: a field the manager stops sending is removed
         self._validation = validation if validation is not None else self._validation
+        self._values = (progress, metrics, last_checkpoint)
+        self._hand_over()
+
+    def report_configuration_error(self, message: str) -> None:
+        self._hand_over(configuration_error=message)
+
+    def _hand_over(self, configuration_error: str | None = None) -> None:
+        progress, metrics, last_checkpoint = self._values
         try:
-            body = apply_patch(self.configmap, self.namespace, progress, metrics, last_checkpoint, self._validation)
+            body = apply_patch(
+                self.configmap,
+                self.namespace,
+                progress,
+                metrics,
+                last_checkpoint,
+                self._validation,
+                rayjob=self.rayjob,
+                configuration_error=configuration_error,
+            )
         except ValueError as error:  # a caller's bug, reported like a failed request: training goes on
             self._report_failure(f"invalid status values: {error}")
             return

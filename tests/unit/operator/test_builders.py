@@ -132,19 +132,26 @@ def test_the_entrypoint_runs_the_runtime_on_the_mounted_spec():
         "kuberl.runtime",
         "--spec",
         "/etc/kuberl/rljob.yaml",
+        "--rayjob",
+        "tiny-grpo-0",
     ]
 
 
 def test_a_rayjob_after_the_first_resumes_from_the_checkpoint():
     rayjob = rayjob_for(index=1)
-    assert shlex.split(rayjob["spec"]["entrypoint"])[-1] == "--resume"
+    assert "--resume" in shlex.split(rayjob["spec"]["entrypoint"])
     assert rayjob["metadata"]["labels"][names.RESTART_LABEL] == "1"
     assert rayjob["metadata"]["annotations"][names.RESTART_LABEL] == "1"
 
 
 def test_the_entrypoint_is_the_shell_quoted_argument_list():
     for resume in (False, True):
-        assert shlex.split(entrypoint(resume)) == runtime_args(resume)
+        assert shlex.split(entrypoint(resume, "tiny-grpo-3")) == runtime_args(resume, "tiny-grpo-3")
+
+
+def test_the_runtime_is_told_which_rayjob_it_is():
+    argv = shlex.split(rayjob_for(index=2)["spec"]["entrypoint"])
+    assert argv[argv.index("--rayjob") + 1] == "tiny-grpo-2"
 
 
 @pytest.mark.parametrize("hostile", ["$(rm -rf /)", "a b", "it's", '"; echo pwned', "`id`", "x\ny"])
