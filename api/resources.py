@@ -46,7 +46,29 @@ class Toleration(KuberlModel):
     )
 
 
-class RoleResources(KuberlModel):
+class PodPlacement(KuberlModel):
+    """Where a pool's pods land and what is added to them: node labels, tolerations, a partial pod template."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pods must land on, e.g. a GPU type."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Taints the pods tolerate.")
+    pod_template: dict[str, Any] | None = Field(
+        None,
+        description="A partial pod template merged over the one kuberl builds for these pods "
+        "(extra volumes, annotations, a priority class ...). Containers merge by name.",
+    )
+
+    @field_validator("node_selector")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = [problem for key, label in value.items() if (problem := label_problem(key, label))]
+        if problems:
+            raise PydanticCustomError("label_key", "; ".join(problems))
+        return value
+
+
+class RoleResources(PodPlacement):
     """Machines for one role. On CPU each replica is one worker; on GPU each GPU of each replica is one rank."""
 
     replicas: int = Field(1, ge=1, le=4096, description="Replicas (pods on Kubernetes, Ray actors locally).")
@@ -71,25 +93,6 @@ class RoleResources(KuberlModel):
         pattern=QUANTITY_PATTERN,
         description="Memory per replica as a Kubernetes quantity, e.g. 64Gi. Default: no limit is set.",
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels the role's pods must land on, e.g. a GPU type."
-    )
-    tolerations: list[Toleration] = Field(
-        default_factory=list, max_length=64, description="Taints the role's pods tolerate."
-    )
-    pod_template: dict[str, Any] | None = Field(
-        None,
-        description="A partial pod template merged over the one kuberl builds for this role "
-        "(extra volumes, annotations, a priority class ...). Containers merge by name.",
-    )
-
-    @field_validator("node_selector")
-    @classmethod
-    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        problems = [problem for key, label in value.items() if (problem := label_problem(key, label))]
-        if problems:
-            raise PydanticCustomError("label_key", "; ".join(problems))
-        return value
 
     @property
     def effective_min(self) -> int:
@@ -109,8 +112,19 @@ class RoleResources(KuberlModel):
         return self.replicas * max(1, self.gpus)
 
 
+class HeadResources(PodPlacement):
+    """The Ray head pod: it runs the controller (the driver) and, without a reward pool, the reward worker.
+    Its CPUs and memory are the operator's settings (KUBERL_HEAD_CPU / KUBERL_HEAD_MEMORY)."""
+
+
 class ResourcesSpec(KuberlModel):
     """Per-role pools. A role without an entry shares the actor's pool (colocated)."""
+
+    head: HeadResources | None = Field(
+        None,
+        description="The Ray head pod's placement and additions: a volume the controller reads from (local "
+        "models or data, which it resolves before the workers start), a node, tolerations.",
+    )
 
     actor: RoleResources = Field(
         default_factory=RoleResources,

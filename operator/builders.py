@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from kuberl.api import KIND, RLJob, contract
-from kuberl.api.resources import RoleResources
+from kuberl.api.resources import PodPlacement, RoleResources
 from kuberl.api.topology import HEAD_POOL, Pool, plan_topology
 from kuberl.operator import names
 from kuberl.operator.pods import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT, container_resources, merge
@@ -197,9 +197,10 @@ def pod_template(
     container: str,
     image: str,
     resources: dict[str, Any],
-    pool: RoleResources | None,
+    pool: PodPlacement | None,
 ) -> dict[str, Any]:
-    """A role's pod: Pod Security `restricted`, the job's own ServiceAccount, its token only in the head pod."""
+    """A role's pod: Pod Security `restricted`, the job's own ServiceAccount, its token only in the head pod;
+    `pool`'s node selector, tolerations and partial template on top."""
     volumes, mounts = pod_volumes(job, names.configmap_name(job.metadata.name))
     main: dict[str, Any] = {
         "name": container,
@@ -264,7 +265,7 @@ def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str) -> dic
             container="ray-head",
             image=image,
             resources={"requests": dict(amounts), "limits": dict(amounts)},
-            pool=None,
+            pool=job.spec.resources.head,
         ),
     }
 

@@ -229,6 +229,31 @@ def test_a_pod_template_override_merges_containers_by_name_and_adds_the_rest():
     assert worker["image"] == "default/image:1"
 
 
+def test_the_head_takes_its_own_volume_node_and_tolerations_and_keeps_what_kuberl_needs():
+    models = {"name": "models", "persistentVolumeClaim": {"claimName": "team-models", "readOnly": True}}
+    head_resources = {
+        "nodeSelector": {"pool": "cpu"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "rl", "effect": "NoSchedule"}],
+        "podTemplate": {
+            "spec": {
+                "volumes": [models],
+                "containers": [{"name": "ray-head", "volumeMounts": [{"name": "models", "mountPath": "/models"}]}],
+            }
+        },
+    }
+    rayjob = rayjob_for({"resources": {"head": head_resources}})
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["nodeSelector"] == {"pool": "cpu"}
+    assert head["tolerations"][0]["key"] == "dedicated"
+    assert models in head["volumes"]
+    (container,) = head["containers"]
+    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert {"/models", contract.SPEC_MOUNT_DIR} <= mounts  # the user's volume beside the spec
+    assert head["automountServiceAccountToken"] is True  # kuberl's own settings survive the merge
+    for group in groups(rayjob).values():  # the head's additions stay on the head
+        assert "nodeSelector" not in group["template"]["spec"]
+
+
 def test_children_are_owned_by_the_rljob_and_labelled_with_its_name():
     rayjob = rayjob_for()
     configmap = build_configmap(OWNER, base_spec(), generation=3)
