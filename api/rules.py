@@ -120,16 +120,14 @@ def replicas_within_bounds(resources: "ResourcesSpec") -> Iterator[RuleProblem]:
             )
 
 
-def tensor_parallel_fits_the_pool(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+def tensor_parallel_is_one(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    """Refused here, at validate and admission, rather than when the engine starts on allocated GPUs."""
     tp = spec.rollout.tensor_parallel_size
-    if tp == 1:
-        return
-    pool = spec.resources.rollout if spec.rollout.mode == RolloutMode.SEPARATE else None
-    pool = pool or spec.resources.actor
-    if pool.gpus < tp:
+    if tp != 1:
         yield (
             ("rollout", "tensorParallelSize"),
-            (f"tensor parallel {tp} needs at least {tp} GPUs per replica, the rollout's pool has {pool.gpus}"),
+            f"tensor parallel {tp} is not supported yet: kuberl's in-process engines span one device each; set "
+            "it to 1 and add rollout replicas (or GPUs to the actor's pool) for more throughput",
         )
 
 
@@ -252,7 +250,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     gae_needs_a_critic,
     critic_pool_needs_a_critic,
     colocated_rollout_uses_the_actor_pool,
-    tensor_parallel_fits_the_pool,
+    tensor_parallel_is_one,
     mini_batch_divides_batch,
     correction_is_not_counted_twice,
     overlong_buffer_fits_the_budget,

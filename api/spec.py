@@ -343,7 +343,9 @@ class RolloutSpec(KuberlModel):
     )
     max_new_tokens: int = Field(256, ge=1, le=131072, description="Most tokens generated per response.")
     stop: list[str] = Field(default_factory=list, max_length=16, description="Strings that end a response.")
-    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine spans (vllm).")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs one engine spans. Only 1 is supported yet (each engine runs in-process)."
+    )
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=0.95, description="vllm on GPU: share of GPU memory for weights and KV cache."
     )
