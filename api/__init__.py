@@ -21,7 +21,7 @@ from kuberl.api.enums import (
     PolicyLoss,
     Role,
     RolloutEngine,
-    RolloutMode,
+    RolloutPlacement,
 )
 from kuberl.api.manifest import (
     API_VERSION,
@@ -92,7 +92,7 @@ __all__ = [
     "Role",
     "RoleResources",
     "RolloutEngine",
-    "RolloutMode",
+    "RolloutPlacement",
     "RolloutSpec",
     "RunPolicy",
     "Toleration",

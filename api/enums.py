@@ -110,7 +110,9 @@ class RolloutEngine(StrEnum):
     HF = "hf"
 
 
-class RolloutMode(StrEnum):
+class RolloutPlacement(StrEnum):
+    """Where the rollout engine runs (not verl's rollout.mode, which is sync or async)."""
+
     COLOCATED = "colocated"
     SEPARATE = "separate"
 

@@ -140,6 +140,10 @@ def _message(error: Any) -> str:
     kind, loc = error["type"], tuple(error["loc"])
     if kind == "extra_forbidden":
         model = model_at(loc[:-1])
+        renamed: dict[str, tuple[str, str]] = getattr(model, "RENAMED", {})
+        if str(loc[-1]) in renamed:
+            new, note = renamed[str(loc[-1])]
+            return f"renamed (did you mean {new}?): {new} is {note}"
         known = [f.alias or n for n, f in model.model_fields.items()] if model else []
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""

@@ -140,7 +140,8 @@ class ResourcesSpec(KuberlModel):
         "minReplicas < maxReplicas. Default: one reward worker beside the controller.",
     )
     rollout: RoleResources | None = Field(
-        None, description="The rollout pool; only with rollout.mode: separate. Elastic with minReplicas < maxReplicas."
+        None,
+        description="The rollout pool; only with rollout.placement: separate. Elastic with minReplicas < maxReplicas.",
     )
 
     @model_validator(mode="after")

@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import PydanticCustomError
 
+from kuberl.api.engine_args import engine_arg_problem
 from kuberl.api.enums import (
     ELASTIC_ROLES,
     GROUP_ESTIMATORS,
     AdvantageEstimator,
     LossAggregation,
     Role,
-    RolloutMode,
+    RolloutEngine,
+    RolloutPlacement,
 )
 from kuberl.api.policy_losses import LOSS_KNOB_SECTIONS, SEQUENCE_LEVEL_LOSSES
 
@@ -89,13 +91,16 @@ def critic_pool_needs_a_critic(spec: "RLJobSpec") -> Iterator[RuleProblem]:
 
 
 def colocated_rollout_uses_the_actor_pool(spec: "RLJobSpec") -> Iterator[RuleProblem]:
-    if spec.rollout.mode == RolloutMode.COLOCATED and spec.resources.rollout is not None:
+    if spec.rollout.placement == RolloutPlacement.COLOCATED and spec.resources.rollout is not None:
         yield (
             ("resources", "rollout"),
-            ("a colocated rollout runs in the actor's pool; remove resources.rollout or set rollout.mode: separate"),
+            (
+                "a colocated rollout runs in the actor's pool; remove resources.rollout "
+                "or set rollout.placement: separate"
+            ),
         )
-    if spec.rollout.mode == RolloutMode.SEPARATE and spec.resources.rollout is None:
-        yield ("resources", "rollout"), "rollout.mode: separate needs a pool of its own in resources.rollout"
+    if spec.rollout.placement == RolloutPlacement.SEPARATE and spec.resources.rollout is None:
+        yield ("resources", "rollout"), "rollout.placement: separate needs a pool of its own in resources.rollout"
 
 
 def replicas_within_bounds(resources: "ResourcesSpec") -> Iterator[RuleProblem]:
@@ -218,6 +223,29 @@ def validation_needs_prompts(spec: "RLJobSpec") -> Iterator[RuleProblem]:
         )
 
 
+def engine_args_are_vllms(rollout: "RolloutSpec") -> Iterator[RuleProblem]:
+    if rollout.engine_args and rollout.engine != RolloutEngine.VLLM:
+        yield ("engineArgs",), f"engineArgs are vLLM's; rollout.engine is {rollout.engine}: remove them or use vllm"
+    for name, value in rollout.engine_args.items():
+        problem = engine_arg_problem(name, value)
+        if problem is not None:
+            yield ("engineArgs", name), problem
+
+
+def lora_reference_keeps_the_actors_dtype(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    actor, reference = spec.models.actor, spec.models.reference
+    if actor.lora is None or reference is None or reference.dtype in (None, actor.dtype):
+        return
+    if reference.path in (None, actor.path):  # the reference is the actor's own base weights, adapters off
+        yield (
+            ("models", "reference", "dtype"),
+            (
+                f"with LoRA the reference is the actor's base weights, in the actor's dtype ({actor.dtype}); "
+                "remove models.reference.dtype, or give the reference a path of its own"
+            ),
+        )
+
+
 def queued_jobs_have_fixed_pools(spec: "RLJobSpec") -> Iterator[RuleProblem]:
     if spec.workload_priority_class is not None and spec.queue_name is None:
         yield ("workloadPriorityClass",), "a Kueue priority class needs a queue; set queueName too, or remove it"
@@ -243,7 +271,7 @@ ALGORITHM_RULES: tuple[Rule, ...] = (
 )
 REWARD_RULES: tuple[Rule, ...] = (batch_timeout_covers_endpoint_retries,)
 RESOURCES_RULES: tuple[Rule, ...] = (replicas_within_bounds,)
-ROLLOUT_RULES: tuple[Rule, ...] = (engine_logprobs_need_sampling_at_temperature,)
+ROLLOUT_RULES: tuple[Rule, ...] = (engine_logprobs_need_sampling_at_temperature, engine_args_are_vllms)
 CHECKPOINT_RULES: tuple[Rule, ...] = (checkpoint_storage_is_one_place,)
 #: Rules that read more than one section of the spec.
 SPEC_RULES: tuple[Rule, ...] = (
@@ -256,6 +284,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     overlong_buffer_fits_the_budget,
     validation_needs_prompts,
     queued_jobs_have_fixed_pools,
+    lora_reference_keeps_the_actors_dtype,
 )
 
 

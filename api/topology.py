@@ -19,7 +19,7 @@ pod of exactly that pool.
 
 Colocation (the hybrid engine; verl's ActorRolloutRefWorker): a role without a pool of its own runs
 inside the actor's workers, one process per rank holding several models: the rollout engine when
-rollout.mode is colocated, the reference model and the critic when spec.resources has no entry for
+rollout.placement is colocated, the reference model and the critic when spec.resources has no entry for
 them. A reward without a pool runs one worker on the Ray head, beside the controller.
 
 Elastic bounds. A pool's pods move between min_pods and max_pods (spec minReplicas/maxReplicas; the
@@ -31,7 +31,7 @@ the autoscaler follows with pods). The rollout group keeps `replicas` engines.
 from dataclasses import dataclass
 
 from kuberl.api.contract import UNITS_PER_ACTOR, ray_resource
-from kuberl.api.enums import Role, RolloutMode
+from kuberl.api.enums import Role, RolloutPlacement
 from kuberl.api.resources import RoleResources
 from kuberl.api.spec import RLJobSpec
 
@@ -169,7 +169,7 @@ def actor_worker_roles(spec: RLJobSpec) -> tuple[Role, ...]:
     """The roles in the actor's workers: the actor, and every role that needs a home and has no pool."""
     resources = spec.resources
     roles = [Role.ACTOR]
-    if spec.rollout.mode == RolloutMode.COLOCATED:
+    if spec.rollout.placement == RolloutPlacement.COLOCATED:
         roles.append(Role.ROLLOUT)
     if reads_reference(spec) and resources.reference is None:
         roles.append(Role.REFERENCE)
@@ -196,7 +196,7 @@ def model_group(name: Role, roles: tuple[Role, ...], pool: RoleResources) -> Act
 
 
 def rollout_group(pool: RoleResources) -> ActorGroup:
-    """rollout.mode separate: one engine per pod, spanning the pod's GPUs (tensor parallel)."""
+    """rollout.placement separate: one engine per pod, spanning the pod's GPUs (tensor parallel)."""
     return ActorGroup(
         name=Role.ROLLOUT,
         roles=(Role.ROLLOUT,),
@@ -240,7 +240,7 @@ def actor_groups(spec: RLJobSpec) -> tuple[ActorGroup, ...]:
         groups.append(model_group(Role.CRITIC, (Role.CRITIC,), resources.critic))
     if reads_reference(spec) and resources.reference is not None:
         groups.append(model_group(Role.REFERENCE, (Role.REFERENCE,), resources.reference))
-    if spec.rollout.mode == RolloutMode.SEPARATE and resources.rollout is not None:
+    if spec.rollout.placement == RolloutPlacement.SEPARATE and resources.rollout is not None:
         groups.append(rollout_group(resources.rollout))
     groups.append(reward_group(resources.reward))
     return tuple(groups)

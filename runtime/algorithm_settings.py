@@ -4,6 +4,8 @@ The library (`runtime/algorithms/`) is pure torch and knows nothing of the RLJob
 place that reads the spec's knobs into its configs.
 """
 
+from dataclasses import dataclass
+
 from kuberl.api import AlgorithmSpec, RLJobSpec
 from kuberl.runtime.algorithms.correction import CorrectionConfig
 from kuberl.runtime.algorithms.losses import PolicyLossConfig
@@ -44,4 +46,36 @@ def correction_config(spec: RLJobSpec) -> CorrectionConfig | None:
         rejection=None if correction.rejection is None else str(correction.rejection),
         rejection_low=low,
         rejection_high=high,
+    )
+
+
+@dataclass(frozen=True)
+class MicroBatchSizes:
+    """Sequences per pass on one rank, per role and pass (verl's *_micro_batch_size_per_gpu)."""
+
+    actor_update: int  # models.actor.microBatchSize
+    actor_forward: int  # models.actor.forwardMicroBatchSize: the old log-probs
+    critic_update: int  # models.critic.microBatchSize
+    critic_forward: int  # models.critic.forwardMicroBatchSize: the values before the update
+    reference_forward: int  # models.reference.microBatchSize
+
+    def forward(self, role: str) -> int:
+        """The micro-batch size of `role`'s forward-only pass (actor, critic or reference)."""
+        return {"actor": self.actor_forward, "critic": self.critic_forward, "reference": self.reference_forward}[role]
+
+
+def micro_batch_sizes(spec: RLJobSpec) -> MicroBatchSizes:
+    """Each role's own micro-batch sizes, training.microBatchSize where a role sets none."""
+    default = spec.training.micro_batch_size
+    actor, critic, reference = spec.models.actor, spec.models.critic, spec.models.reference
+
+    def own(size: int | None) -> int:
+        return size if size is not None else default
+
+    return MicroBatchSizes(
+        actor_update=own(actor.micro_batch_size),
+        actor_forward=own(actor.forward_micro_batch_size),
+        critic_update=own(critic.micro_batch_size if critic is not None else None),
+        critic_forward=own(critic.forward_micro_batch_size if critic is not None else None),
+        reference_forward=own(reference.micro_batch_size if reference is not None else None),
     )

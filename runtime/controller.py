@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from kuberl.api import KLPlacement
-from kuberl.runtime.algorithm_settings import correction_config, policy_loss_config
+from kuberl.runtime.algorithm_settings import correction_config, micro_batch_sizes, policy_loss_config
 from kuberl.runtime.algorithms.advantages import AdvantageInputs, estimator_reads
 from kuberl.runtime.algorithms.correction import rollout_correction
 from kuberl.runtime.algorithms.kl import kl_penalty
@@ -87,10 +87,11 @@ class Controller:
         self.kl_in_reward = self.kl_coef > 0 and spec.algorithm.kl.placement == KLPlacement.REWARD
         self.pad_id = plan.tokenizer.pad_token_id if plan.tokenizer.pad_token_id is not None else 0
         self.weight_version = 0  # the training step whose weights the engines hold (0: the initial model)
+        self.micro = micro_batch_sizes(spec)
         self.update_config = UpdateConfig(
             ppo_epochs=spec.algorithm.ppo_epochs,
             mini_batches=plan.mini_batches,
-            micro_batch_size=spec.training.micro_batch_size,
+            micro_batch_size=self.micro.actor_update,
             world_size=plan.actor_world_size,
             temperature=spec.rollout.temperature,
             aggregation=str(spec.algorithm.loss_aggregation),
@@ -259,7 +260,7 @@ class Controller:
 
     def _forward(self, role: str, batch: RolloutBatch) -> torch.Tensor:
         group = self.groups.host(role)
-        micro = self.spec.training.micro_batch_size
+        micro = self.micro.forward(role)
         if role == "critic":
             parts = group.call_sharded("compute_values", batch, micro_batch_size=micro)
         else:
@@ -350,7 +351,9 @@ class Controller:
         if self.spec.models.critic is not None:
             critic = self.groups.host("critic")  # a pool of its own may have another rank count than the actor's
             critic_batch = self._layout_for_update(batch, critic.world_size)
-            config = replace(self.update_config, world_size=critic.world_size)
+            config = replace(
+                self.update_config, world_size=critic.world_size, micro_batch_size=self.micro.critic_update
+            )
             metrics.update(critic.call_sharded("update_critic", critic_batch, config=config)[0])
         results = self.groups.actor.call_sharded("update_actor", laid_out, config=self.update_config)
         metrics.update(results[0][0])

@@ -182,6 +182,9 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
             totals.same("actor/grad_norm", step["grad_norm"])
             totals.same("actor/lr", step["lr"])
             totals.same("actor/update_skipped", step["skipped"])  # runtime/health.py counts these
+            totals.same(
+                "actor/micro_batches", math.ceil(mini_rows / cfg.micro_batch_size)
+            )  # forward/backward passes per optimiser step
     return totals.reduce()
 
 
@@ -235,6 +238,9 @@ def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
             totals.share("critic/loss", loss_share)
             totals.same("critic/grad_norm", step["grad_norm"])
             totals.same("critic/update_skipped", step["skipped"])
+            totals.same(
+                "critic/micro_batches", math.ceil(mini_rows / cfg.micro_batch_size)
+            )  # forward/backward passes per optimiser step
     return totals.reduce()
 
 

@@ -40,6 +40,8 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   a random stream.
 - vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weights iterator is handed over
   as a Python object, not serialized. Tensor parallelism (an engine spanning GPUs) is not offered.
+- dtype: the engine runs in spec.rollout.dtype (default: the actor's; verl's default is bfloat16), the
+  synced weights cast to it on load; spec.rollout.engineArgs reach `LLM` as given (`llm_arguments`).
 - On CPU, vLLM's sampler ranks each returned log-prob with a `torch.compile`d helper
   (`batched_count_greater_than`); the engine swaps in the same expression run eagerly
   (`_rank_eagerly`). torch 2.13's inductor emits C++ for the helper's dynamic-shape recompile that
@@ -82,6 +84,7 @@ from torch import Tensor
 
 from kuberl.api import RLJobSpec
 from kuberl.runtime.engines.base import Generation, SamplingParams
+from kuberl.runtime.models.dtypes import rollout_dtype
 from kuberl.runtime.models.lora import peft_config_dict, sync_mode
 
 log = logging.getLogger(__name__)
@@ -267,6 +270,39 @@ def ties_embeddings(model_path: str) -> bool:
     return bool(config.get("tie_word_embeddings", True))
 
 
+def llm_arguments(spec: RLJobSpec, model_path: str, cuda: bool) -> dict[str, Any]:
+    """The keyword arguments of vLLM's `LLM` for `spec`: what kuberl sets, then spec.rollout.engineArgs.
+
+    The api refuses engineArgs that name anything set here (kuberl.api.engine_args.SET_BY_KUBERL).
+    """
+    rollout = spec.rollout
+    arguments: dict[str, Any] = {
+        "model": model_path,
+        "dtype": rollout_dtype(spec),
+        "seed": spec.training.seed,
+        "max_model_len": context_length(spec, model_path),
+        "logprobs_mode": logprobs_mode_for(rollout.temperature),
+        "max_logprobs": -1,  # scoring at T != 1 reads the whole vocabulary's prompt log-probs
+        "generation_config": "vllm",  # neutral defaults (eos ids still come from generation_config.json)
+        "enforce_eager": not cuda,
+        "enable_sleep_mode": cuda,
+    }
+    if cuda:
+        arguments["gpu_memory_utilization"] = rollout.gpu_memory_utilization
+    kv_bytes = rollout.kv_cache_bytes or (None if cuda else DEFAULT_CPU_KV_CACHE_BYTES)
+    if kv_bytes is not None:
+        arguments["kv_cache_memory_bytes"] = kv_bytes
+    lora = spec.models.actor.lora if sync_mode(spec) == "adapter" else None
+    if lora is not None:
+        from kuberl.runtime.engines.vllm_lora import max_lora_rank_for
+
+        arguments.update(enable_lora=True, max_lora_rank=max_lora_rank_for(lora.rank), max_loras=1)
+    clashes = sorted(set(arguments) & set(rollout.engine_args))
+    if clashes:  # the api refuses these; a manifest that bypassed it must not override kuberl's settings silently
+        raise ValueError(f"spec.rollout.engineArgs: {', '.join(clashes)} are set by kuberl")
+    return {**arguments, **rollout.engine_args}
+
+
 class VLLMRolloutEngine:
     """A vLLM engine behind `RolloutEngine`; build it with `create`."""
 
@@ -303,34 +339,18 @@ class VLLMRolloutEngine:
         from vllm import LLM
 
         cuda = torch.device(device).type == "cuda"
-        memory: dict[str, Any] = {"gpu_memory_utilization": rollout.gpu_memory_utilization} if cuda else {}
-        kv_bytes = rollout.kv_cache_bytes or (None if cuda else DEFAULT_CPU_KV_CACHE_BYTES)
-        if kv_bytes is not None:
-            memory["kv_cache_memory_bytes"] = kv_bytes
-        mode = logprobs_mode_for(rollout.temperature)
         lora = spec.models.actor.lora if sync_mode(spec) == "adapter" else None
         if lora is not None:
-            from kuberl.runtime.engines.vllm_lora import install_tensor_loader, max_lora_rank_for
+            from kuberl.runtime.engines.vllm_lora import install_tensor_loader
 
             install_tensor_loader()
-            memory.update(enable_lora=True, max_lora_rank=max_lora_rank_for(lora.rank), max_loras=1)
         if not cuda:
             _rank_eagerly()
             _rebind_kernels_tolerantly()
+        arguments = llm_arguments(spec, model_path, cuda)
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
-            llm = LLM(
-                model=model_path,
-                dtype=spec.models.actor.dtype.value,
-                seed=spec.training.seed,
-                max_model_len=context_length(spec, model_path),
-                logprobs_mode=mode,
-                max_logprobs=-1,  # scoring at T != 1 reads the whole vocabulary's prompt log-probs
-                generation_config="vllm",  # neutral defaults (eos ids still come from generation_config.json)
-                enforce_eager=not cuda,
-                enable_sleep_mode=cuda,
-                **memory,
-            )
+            llm = LLM(**arguments)
         finally:
             # vLLM's CPU worker replaces torch.set_num_threads process-wide with a no-op and drops to one
             # thread; this process also trains, so the caller's setting comes back.
@@ -340,7 +360,7 @@ class VLLMRolloutEngine:
         return cls(
             llm,
             torch.device(device),
-            mode,
+            arguments["logprobs_mode"],
             adapter_config,
             partial_loads=sync_mode(spec) == "merged",
             tied_head=ties_embeddings(model_path),

@@ -2,7 +2,7 @@
 
 import torch
 
-from kuberl.api import DType
+from kuberl.api import DType, RLJobSpec
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     DType.FLOAT32.value: torch.float32,
@@ -16,3 +16,14 @@ def torch_dtype(name: str, what: str = "dtype") -> torch.dtype:
     if name not in TORCH_DTYPES:
         raise ValueError(f"{what} {name!r}; use one of {', '.join(TORCH_DTYPES)}")
     return TORCH_DTYPES[name]
+
+
+def rollout_dtype(spec: RLJobSpec) -> str:
+    """The dtype the rollout engine runs in: spec.rollout.dtype, else the actor's (verl's default is bfloat16)."""
+    return (spec.rollout.dtype or spec.models.actor.dtype).value
+
+
+def reference_dtype(spec: RLJobSpec) -> str:
+    """The reference model's dtype: spec.models.reference.dtype, else the actor's."""
+    reference = spec.models.reference
+    return ((reference.dtype if reference is not None else None) or spec.models.actor.dtype).value

@@ -41,7 +41,7 @@ class Groups:
     reward: RewardPool  # the elastic reward workers
     critic: WorkerGroup | None = None  # the critic with a pool of its own
     reference: WorkerGroup | None = None  # the reference with a pool of its own
-    rollout: WorkerGroup | None = None  # rollout.mode separate: engine replicas fed by weight broadcast
+    rollout: WorkerGroup | None = None  # rollout.placement separate: engine replicas fed by weight broadcast
 
     def host(self, role: str) -> WorkerGroup:
         """The group whose ranks hold `role`'s model: its own, or the actor's it is colocated in."""

@@ -23,7 +23,7 @@ from kuberl.api import ComputeDType, RLJob, parse_rljob
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import FSDPTrainer
-from kuberl.runtime.models.dtypes import torch_dtype
+from kuberl.runtime.models.dtypes import reference_dtype, torch_dtype
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_critic, update_policy
 from kuberl.runtime.workers.group import worker_device
@@ -100,11 +100,16 @@ class ModelWorker:
             and setup.model_paths.get("reference") == setup.model_paths["actor"]
         )
         if "reference" in setup.roles and not self.reference_is_base:
-            self.trainers["reference"] = self._trainer(setup.model_paths["reference"], "float32", None, 0)
+            self.trainers["reference"] = self._trainer(setup.model_paths["reference"], reference_dtype(spec), None, 0)
         if "critic" in setup.roles and spec.models.critic is not None:
             critic = spec.models.critic
             self.trainers["critic"] = self._trainer(
-                setup.model_paths["critic"], critic.dtype.value, critic.optim, setup.total_steps, critic=True
+                setup.model_paths["critic"],
+                critic.dtype.value,
+                critic.optim,
+                setup.total_steps,
+                critic=True,
+                gradient_checkpointing=critic.gradient_checkpointing,
             )
         if "rollout" in setup.roles:
             self.engine = self._rollout_engine(setup.model_paths["actor"])

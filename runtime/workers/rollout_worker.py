@@ -1,4 +1,4 @@
-"""The rollout worker: one replica of the separate-mode rollout pool (`rollout.mode: separate`).
+"""The rollout worker: one replica of the separate-mode rollout pool (`rollout.placement: separate`).
 
 A plain class; the controller wraps it with `ray.remote` (`WorkerGroup`). Each replica holds a
 whole engine (vLLM or HF) of its own and no trainer. Weights reach it from the actor through

@@ -14,9 +14,9 @@ TOLERANCE = 1e-4
 @pytest.mark.parametrize(
     "layout",
     [
-        {"rollout.mode": "colocated"},
-        {"rollout.mode": "separate", "resources.rollout": {"replicas": 2, "cpus": 0.25}},
-        {"rollout.mode": "colocated", "training.computeDtype": "bfloat16"},
+        {"rollout.placement": "colocated"},
+        {"rollout.placement": "separate", "resources.rollout": {"replicas": 2, "cpus": 0.25}},
+        {"rollout.placement": "colocated", "training.computeDtype": "bfloat16"},
     ],
     ids=["colocated", "separate", "colocated-bf16-training"],
 )

@@ -88,7 +88,7 @@ def test_lora_grpo_demo_learns_syncs_the_adapter_and_saves_only_adapters(ray_ses
     "layout",
     [
         {"models.actor.lora": {**LORA, "trainHead": False, "sync": "merged"}},
-        {"rollout.mode": "separate", "resources.rollout": {"replicas": 1, "cpus": 0.25}},
+        {"rollout.placement": "separate", "resources.rollout": {"replicas": 1, "cpus": 0.25}},
     ],
     ids=["merged-colocated", "adapter-separate"],
 )

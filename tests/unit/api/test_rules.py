@@ -40,7 +40,7 @@ BROKEN = [
         "spec.resources.rollout",
         "actor's pool",
     ),
-    ("separate without a pool", {"rollout.mode": "separate"}, "spec.resources.rollout", "pool of its own"),
+    ("separate without a pool", {"rollout.placement": "separate"}, "spec.resources.rollout", "pool of its own"),
     (
         "replicas above max",
         {"resources.reward": {"replicas": 5, "maxReplicas": 4}},
@@ -171,6 +171,18 @@ BROKEN = [
         "spec.training.validationEverySteps",
         "set data.validation",
     ),
+    (
+        "engine arguments for the hf engine",
+        {"rollout.engine": "hf", "rollout.engineArgs": {"max_num_seqs": 4}},
+        "spec.rollout.engineArgs",
+        "engineArgs are vLLM's",
+    ),
+    (
+        "a LoRA reference in another dtype than its actor's base weights",
+        {"models.actor": {"path": "/m", "lora": {}}, "models.reference": {"dtype": "bfloat16"}},
+        "spec.models.reference.dtype",
+        "the actor's base weights",
+    ),
 ]
 
 
@@ -187,7 +199,7 @@ def test_broken_rule_is_blamed_on_its_field(changes, path, phrase):
 VALID = [
     ("ppo with critic", {"algorithm.name": "ppo", "models.critic": {}}),
     ("reinforce++ with one sample", {"algorithm.name": "reinforce_pp"}),
-    ("separate with a pool", {"rollout.mode": "separate", "resources.rollout": {"replicas": 2}}),
+    ("separate with a pool", {"rollout.placement": "separate", "resources.rollout": {"replicas": 2}}),
     ("elastic reward", {"resources.reward": {"replicas": 2, "minReplicas": 1, "maxReplicas": 8}}),
     ("elastic reward at zero", {"resources.reward": {"replicas": 1, "minReplicas": 0, "maxReplicas": 8}}),
     ("mini-batch divisor", {"algorithm.miniBatchSize": 4}),
@@ -210,6 +222,11 @@ VALID = [
         {"algorithm.rolloutCorrection": {"rejection": "geometric"}, "rollout.useEngineLogprobs": True},
     ),
     ("validation with prompts", {"training.validationEverySteps": 5, "data.validation": "/v.jsonl"}),
+    (
+        "a LoRA reference of its own in bfloat16",
+        {"models.actor": {"path": "/m", "lora": {}}, "models.reference": {"path": "/r", "dtype": "bfloat16"}},
+    ),
+    ("a full fine-tune's reference in bfloat16", {"models.reference": {"dtype": "bfloat16"}}),
     ("overlong buffer inside the budget", {"reward.overlongPenalty": {"bufferLength": 63}, "rollout.maxNewTokens": 64}),
 ]
 

@@ -71,7 +71,7 @@ def test_a_cpu_pool_has_one_rank_per_pod(minimal_manifest: dict):
 def test_a_separate_rollout_is_one_engine_per_pod_spanning_its_gpus(minimal_manifest: dict):
     plan = topology(
         minimal_manifest,
-        rollout={"mode": "separate"},
+        rollout={"placement": "separate"},
         resources={"actor": {"gpus": 8}, "rollout": {"replicas": 2, "minReplicas": 2, "maxReplicas": 4, "gpus": 4}},
     )
     rollout = plan.group(ROLLOUT)

@@ -54,7 +54,7 @@ def test_each_role_with_a_pool_gets_its_own_worker_group_actor_first():
     spec = {
         "models": {"actor": {"path": "hf://org/actor"}, "critic": {}},
         "algorithm": {"name": "ppo"},
-        "rollout": {"mode": "separate"},
+        "rollout": {"placement": "separate"},
         "resources": {
             "actor": {"replicas": 2, "gpus": 8},
             "critic": {"replicas": 1, "gpus": 4},
@@ -81,7 +81,7 @@ def test_a_cpu_only_role_asks_for_no_gpu():
 def test_node_selector_and_tolerations_reach_the_role_pods_only():
     tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     spec = {
-        "rollout": {"mode": "separate"},
+        "rollout": {"placement": "separate"},
         "resources": {
             "actor": {"nodeSelector": {"gpu": "h100"}, "tolerations": tolerations},
             "rollout": {"replicas": 1},

@@ -1,0 +1,99 @@
+"""The knobs a verl user carries over (issue #21 B): placement's new name, the rollout and reference dtypes,
+vLLM engine arguments checked at the door, and per-role micro-batch sizes.
+
+`kuberl validate` is what a user runs, so the refusals are read from its output.
+"""
+
+import copy
+
+import pytest
+import yaml
+
+from kuberl.api import ManifestError, parse_rljob
+from kuberl.api.engine_args import SET_BY_KUBERL, VLLM_ENGINE_ARGS
+from kuberl.api.explain import explain
+from kuberl.cli import main
+from tests.unit.api.test_rules import spec_with
+
+
+def problems_of(changes: dict) -> dict[str, str]:
+    with pytest.raises(ManifestError) as caught:
+        parse_rljob(spec_with(changes))
+    return {problem.path: problem.message for problem in caught.value.problems}
+
+
+def test_the_old_placement_key_is_refused_naming_the_new_one():
+    problems = problems_of({"rollout.mode": "separate"})
+    assert list(problems) == ["spec.rollout.mode"]
+    assert "did you mean placement?" in problems["spec.rollout.mode"]
+    assert "verl's rollout.mode" in problems["spec.rollout.mode"]
+    assert parse_rljob(spec_with({})).spec.rollout.placement == "colocated"
+
+
+def test_a_misspelled_engine_argument_is_refused_by_kuberl_validate_with_a_did_you_mean(tmp_path, capsys):
+    manifest = spec_with({"rollout.engineArgs": {"max_num_batched_token": 8192, "enable_prefix_caching": True}})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert main(["validate", str(path)]) != 0
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert "spec.rollout.engineArgs.max_num_batched_token" in said
+    assert "did you mean max_num_batched_tokens?" in said
+    assert "enable_prefix_caching" not in said  # the correct one beside it is fine
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "phrase"),
+    [
+        ("dtype", "bfloat16", "set by spec.rollout.dtype"),
+        ("gpu_memory_utilization", 0.9, "set by spec.rollout.gpuMemoryUtilization"),
+        ("kv_cache_memory_bytes", 1 << 30, "set by spec.rollout.kvCacheBytes"),
+        ("enforce_eager", True, "from the device"),
+        ("tensor_parallel_size", 2, "set by spec.rollout.tensorParallelSize"),
+        ("max_num_seqs", "64", "takes an integer"),
+        ("max_num_seqs", True, "takes an integer"),
+        ("enable_chunked_prefill", 1, "takes true or false"),
+        ("max_num_batched_tokens", -1, "must not be negative"),
+        ("no_such_argument_at_all", 1, "unknown vLLM engine argument"),
+    ],
+)
+def test_engine_arguments_kuberl_sets_or_of_the_wrong_type_are_refused_naming_why(name, value, phrase):
+    problems = problems_of({"rollout.engineArgs": {name: value}})
+    assert list(problems) == [f"spec.rollout.engineArgs.{name}"]
+    assert phrase in problems[f"spec.rollout.engineArgs.{name}"]
+
+
+def test_allowed_and_kuberl_set_engine_arguments_do_not_overlap():
+    assert not set(VLLM_ENGINE_ARGS) & set(SET_BY_KUBERL)
+
+
+def test_fp32_training_with_bf16_rollout_is_writable_and_round_trips():
+    job = parse_rljob(spec_with({"rollout.dtype": "bfloat16", "rollout.engineArgs": {"max_num_seqs": 64}}))
+    assert job.spec.models.actor.dtype == "float32" and job.spec.rollout.dtype == "bfloat16"
+    again = parse_rljob(copy.deepcopy(job.to_manifest()))
+    assert again.spec.rollout.engine_args == {"max_num_seqs": 64}
+    assert again.spec.rollout.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("field", "verl"),
+    [
+        ("spec.rollout.placement", "verl's rollout.mode"),
+        ("spec.rollout.dtype", "rollout.dtype"),
+        ("spec.rollout.engineArgs", "engine_kwargs.vllm"),
+        ("spec.models.reference.dtype", "ref.fsdp_config.model_dtype"),
+        ("spec.models.actor.microBatchSize", "actor.ppo_micro_batch_size_per_gpu"),
+        ("spec.models.actor.forwardMicroBatchSize", "rollout.log_prob_micro_batch_size_per_gpu"),
+        ("spec.models.critic.microBatchSize", "critic.ppo_micro_batch_size_per_gpu"),
+        ("spec.models.critic.forwardMicroBatchSize", "critic.forward_micro_batch_size_per_gpu"),
+        ("spec.models.reference.microBatchSize", "ref.log_prob_micro_batch_size_per_gpu"),
+        ("spec.models.critic.gradientCheckpointing", "critic.model.enable_gradient_checkpointing"),
+    ],
+)
+def test_kuberl_explain_names_the_verl_knob_of_each_field(field, verl):
+    assert verl in explain(field)
+
+
+def test_role_micro_batch_sizes_must_be_positive():
+    problems = problems_of({"models.actor": {"path": "/m", "microBatchSize": 0}})
+    assert list(problems) == ["spec.models.actor.microBatchSize"]
