@@ -116,11 +116,24 @@ class ModelWorker:
         return {"rank": self.rank, "device": str(self.device), "seconds": time.perf_counter() - started}
 
     def hosted(self) -> dict[str, Any]:
-        """What this rank holds and where it runs: its process, its models, the Ray resources it was given."""
+        """What this rank holds and where it runs: its process, its models (with each trainer's parameter dtype
+        and whether it recomputes activations in backward), the Ray resources it was given."""
         import ray
 
         models = sorted(self.trainers) + (["rollout"] if self.engine is not None else [])
-        return {"pid": os.getpid(), "models": models, "resources": ray.get_runtime_context().get_assigned_resources()}
+        trainers = {
+            role: {
+                "dtype": str(next(trainer.model.parameters()).dtype).removeprefix("torch."),
+                "gradient_checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False)),
+            }
+            for role, trainer in self.trainers.items()
+        }
+        return {
+            "pid": os.getpid(),
+            "models": models,
+            "trainers": trainers,
+            "resources": ray.get_runtime_context().get_assigned_resources(),
+        }
 
     def _trainer(
         self,

@@ -1,5 +1,8 @@
 """Roles on pools of their own: a PPO job whose critic and reference have `spec.resources` entries runs
-them as worker groups of their own, on their pools' Ray resources, not inside the actor's workers."""
+them as worker groups of their own, on their pools' Ray resources, not inside the actor's workers.
+
+The same run carries each role's own knobs (issue #21): the reference's dtype, the critic's gradient
+checkpointing, and every role's micro-batch sizes, each seen where it takes effect."""
 
 from typing import Any
 
@@ -7,6 +10,7 @@ import pytest
 
 from kuberl.runtime import driver
 from kuberl.runtime.driver import run_job
+from kuberl.runtime.workers.group import WorkerGroup
 from kuberl.runtime.workers.launch import Groups
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
@@ -17,7 +21,15 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
     job = demo_job(
         **{
             "algorithm": {"name": "ppo", "groupSize": 1, "kl": {"coef": 0.05}},
-            "models.critic": {"optim": {"lr": 0.003}},
+            "models.critic": {
+                "optim": {"lr": 0.003},
+                "gradientCheckpointing": True,
+                "microBatchSize": 3,
+                "forwardMicroBatchSize": 5,
+            },
+            "models.reference": {"dtype": "bfloat16", "microBatchSize": 6},
+            "models.actor.microBatchSize": 2,
+            "models.actor.forwardMicroBatchSize": 7,
             "training.totalSteps": 2,
             "checkpoint.exportHf": False,
             "resources": {
@@ -37,6 +49,15 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
         return groups
 
     monkeypatch.setattr(driver, "start_groups", start_and_look)
+    forwards: set[tuple[str, str, int]] = set()  # (method, role, micro-batch size) of each forward-only pass
+    call_sharded = WorkerGroup.call_sharded
+
+    def call_and_note(group, method, batch, **kwargs):
+        if "micro_batch_size" in kwargs:
+            forwards.add((method, kwargs.get("role", "critic"), kwargs["micro_batch_size"]))
+        return call_sharded(group, method, batch, **kwargs)
+
+    monkeypatch.setattr(WorkerGroup, "call_sharded", call_and_note)
     run = run_job(job, tmp_path, demo_base_dir(), progress=False)
 
     assert [record["step"] for record in run.history] == [1, 2]
@@ -48,5 +69,18 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
     assert len(pids["actor"] | pids["critic"] | pids["reference"]) == 4  # four processes: nothing shared
     for name, ranks in hosted.items():  # each on a unit of its own pool's resource
         assert all(rank["resources"].get(f"kuberl_{name}") == 1 for rank in ranks), ranks
+    # the reference in its own dtype beside the float32 actor; only the critic recomputes activations
+    assert hosted["reference"][0]["trainers"]["reference"]["dtype"] == "bfloat16"
+    assert hosted["actor"][0]["trainers"]["actor"] == {"dtype": "float32", "gradient_checkpointing": False}
+    assert hosted["critic"][0]["trainers"]["critic"] == {"dtype": "float32", "gradient_checkpointing": True}
+    # 8 rows a step: the actor's 2 ranks update 4 rows each in micro-batches of 2, the critic's 1 rank 8 in 3s
+    assert {record["actor/micro_batches"] for record in run.history} == {2.0}
+    assert {record["critic/micro_batches"] for record in run.history} == {3.0}
+    # the forward-only passes: values, reference log-probs, and the actor's old log-probs (the KL is in the reward)
+    assert forwards == {
+        ("compute_values", "critic", 5),
+        ("compute_logprobs", "reference", 6),
+        ("compute_logprobs", "actor", 7),
+    }
     # the critic's own ranks saved their model into the final checkpoint beside the actor's
     assert (tmp_path / "checkpoints" / "step-000002" / "critic" / ".metadata").is_file()
