@@ -35,7 +35,7 @@ PROMPTS = [[5, 17, 33, 9], [101, 7], [(7 * i) % 509 + 3 for i in range(150)]]
 TOLERANCE = 1e-4
 
 
-def manifest(model_dir: Path, temperature: float) -> dict:
+def manifest(model_dir: Path, temperature: float, **rollout: object) -> dict:
     return {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
@@ -44,7 +44,13 @@ def manifest(model_dir: Path, temperature: float) -> dict:
             "models": {"actor": {"path": str(model_dir)}},
             "data": {"train": "/data/train.jsonl", "maxPromptLength": 160},
             "reward": {"function": "math_exact"},
-            "rollout": {"engine": "vllm", "temperature": temperature, "maxNewTokens": 12, "kvCacheBytes": 16 << 20},
+            "rollout": {
+                "engine": "vllm",
+                "temperature": temperature,
+                "maxNewTokens": 12,
+                "kvCacheBytes": 16 << 20,
+                **rollout,
+            },
         },
     }
 
@@ -75,10 +81,10 @@ def hf_logprobs(model: torch.nn.Module, prompt: list[int], response: list[int], 
     return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)  # (R,)
 
 
-def vllm_engine(model_dir: Path, temperature: float):
+def vllm_engine(model_dir: Path, temperature: float, **rollout: object):
     from kuberl.runtime.engines.vllm import VLLMRolloutEngine
 
-    spec = parse_rljob(manifest(model_dir, temperature)).spec
+    spec = parse_rljob(manifest(model_dir, temperature, **rollout)).spec
     return VLLMRolloutEngine.create(spec, str(model_dir), torch.device("cpu"))
 
 
@@ -263,3 +269,30 @@ def test_engine_starts_in_a_process_that_imported_flask(tied_dir: Path):
     generations = engine.generate(PROMPTS[:1], SamplingParams(n=1, temperature=1.0, max_new_tokens=3))
     assert len(generations) == 1 and generations[0][0].token_ids
     engine.shutdown()
+
+
+def test_a_bf16_rollout_of_an_fp32_actor_runs_with_the_jobs_engine_arguments(tied_dir: Path, tied: Loaded):
+    """rollout.dtype bfloat16 beside a float32 actor (verl's default pairing), and rollout.engineArgs, reach vLLM;
+    the trainer's float32 weights load into the bfloat16 engine, cast on the way in."""
+    engine = vllm_engine(tied_dir, 1.0, dtype="bfloat16", engineArgs={"max_num_seqs": 3, "max_num_batched_tokens": 384})
+    config = engine.llm.llm_engine.vllm_config
+    assert config.model_config.dtype == torch.bfloat16
+    assert (config.scheduler_config.max_num_seqs, config.scheduler_config.max_num_batched_tokens) == (3, 384)
+    engine.load_weights((n, w.detach()) for n, w in tied.reference.named_parameters())  # float32 tensors
+    response = [40, 41, 300, 2, 99, 7]
+    scored = torch.tensor(engine.response_logprobs(PROMPTS[0], response, 1.0))
+    expected = hf_logprobs(tied.reference, PROMPTS[0], response, 1.0)  # the same weights, in float32
+    before = hf_logprobs(tied.original, PROMPTS[0], response, 1.0)
+    assert (scored - expected).abs().max() < 0.1 < (expected - before).abs().max()  # bf16-close, and loaded
+    assert (scored - expected).abs().max() > 0  # not the float32 numbers: the engine did run in bfloat16
+    engine.shutdown()
+
+
+def test_the_hf_engine_also_holds_its_model_in_the_rollout_dtype(tied_dir: Path):
+    from transformers import AutoTokenizer
+
+    from kuberl.runtime.engines import build_rollout_engine
+
+    spec = parse_rljob(manifest(tied_dir, 1.0, engine="hf", dtype="bfloat16")).spec
+    engine = build_rollout_engine(spec, str(tied_dir), AutoTokenizer.from_pretrained(tied_dir), torch.device("cpu"))
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
