@@ -246,6 +246,25 @@ def lora_reference_keeps_the_actors_dtype(spec: "RLJobSpec") -> Iterator[RulePro
         )
 
 
+#: Below this, a sync probe cannot tell a stale engine from one running in a lower precision than the trainer.
+LOW_PRECISION_PROBE_TOLERANCE = 1e-2
+
+
+def verify_sync_allows_the_rollout_precision(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    rollout, actor = spec.rollout, spec.models.actor
+    if not rollout.verify_sync or rollout.dtype in (None, actor.dtype):
+        return
+    if rollout.verify_sync_tolerance < LOW_PRECISION_PROBE_TOLERANCE:
+        yield (
+            ("rollout", "verifySyncTolerance"),
+            (
+                f"the engine runs in {rollout.dtype} and the trainer in {actor.dtype}: their log-probs differ by "
+                f"the engine's precision, far above {rollout.verify_sync_tolerance}; raise verifySyncTolerance "
+                f"(at least {LOW_PRECISION_PROBE_TOLERANCE}) or drop rollout.dtype"
+            ),
+        )
+
+
 def queued_jobs_have_fixed_pools(spec: "RLJobSpec") -> Iterator[RuleProblem]:
     if spec.workload_priority_class is not None and spec.queue_name is None:
         yield ("workloadPriorityClass",), "a Kueue priority class needs a queue; set queueName too, or remove it"
@@ -285,6 +304,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     validation_needs_prompts,
     queued_jobs_have_fixed_pools,
     lora_reference_keeps_the_actors_dtype,
+    verify_sync_allows_the_rollout_precision,
 )
 
 

@@ -183,6 +183,12 @@ BROKEN = [
         "spec.models.reference.dtype",
         "the actor's base weights",
     ),
+    (
+        "a sync probe as tight as float32 on a bfloat16 rollout",
+        {"rollout.dtype": "bfloat16", "rollout.verifySync": True},
+        "spec.rollout.verifySyncTolerance",
+        "raise verifySyncTolerance",
+    ),
 ]
 
 
@@ -227,6 +233,10 @@ VALID = [
         {"models.actor": {"path": "/m", "lora": {}}, "models.reference": {"path": "/r", "dtype": "bfloat16"}},
     ),
     ("a full fine-tune's reference in bfloat16", {"models.reference": {"dtype": "bfloat16"}}),
+    (
+        "a sync probe loose enough for a bfloat16 rollout",
+        {"rollout.dtype": "bfloat16", "rollout.verifySync": True, "rollout.verifySyncTolerance": 0.2},
+    ),
     ("overlong buffer inside the budget", {"reward.overlongPenalty": {"bufferLength": 63}, "rollout.maxNewTokens": 64}),
 ]
 
