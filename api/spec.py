@@ -320,9 +320,9 @@ class RewardSpec(KuberlModel):
         if value is not None and ":" not in value and not value.endswith(".py") and value not in BUILTIN_REWARDS:
             raise PydanticCustomError(
                 "unknown_reward",
-                "unknown built-in reward {name!r}; built-ins are {known}, or name your own as "
+                "unknown built-in reward {name}; built-ins are {known}, or name your own as "
                 "package.module:function or path/to/file.py:function",
-                {"name": value, "known": ", ".join(BUILTIN_REWARDS)},
+                {"name": repr(value), "known": ", ".join(BUILTIN_REWARDS)},
             )
         return value
 

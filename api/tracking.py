@@ -89,8 +89,8 @@ class TrackingSpec(KuberlModel):
             if not re.fullmatch(TAG_PATTERN, tag):
                 raise PydanticCustomError(
                     "bad_tag",
-                    "tag {tag!r}: 1 to 64 letters, digits and _ . : / = + -, starting with a letter or digit",
-                    {"tag": tag},
+                    "tag {tag}: 1 to 64 letters, digits and _ . : / = + -, starting with a letter or digit",
+                    {"tag": repr(tag)},
                 )
         return tags
 
