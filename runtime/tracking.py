@@ -8,6 +8,9 @@ Each tracker receives the step record metrics.jsonl holds — every numeric key 
 the record's `step` — and keeps no names of its own (DESIGN.md: one step record, many readers). The
 record's `epoch` is logged like any metric, as verl's trackers do.
 
+MLflow refuses some characters in metric names; `mlflow_name` spells them out as verl's MLflow logger does
+(`val/mean@8` -> `val/mean_at_8`), the one place a tracker's names differ from the record's.
+
 A run is identified by the job and its checkpoint location, hashed: a job that restarts or resumes
 from the same checkpoints continues the same tracker run, and a fresh output folder starts a new one.
 MLflow finds its run again by the tag `kuberl.runId`; wandb by its run id (resume="allow"). wandb
@@ -22,6 +25,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,6 +63,15 @@ def tracked_metrics(record: Mapping[str, Any]) -> dict[str, float]:
         if math.isfinite(value):
             metrics[key] = float(value)
     return metrics
+
+
+def mlflow_name(key: str) -> str:
+    """A step-record key as MLflow accepts it: `@` spelt `_at_`, any other character MLflow refuses as `_`.
+
+    >>> mlflow_name("val/mean@8"), mlflow_name("reward/mean"), mlflow_name("time/a+b")
+    ('val/mean_at_8', 'reward/mean', 'time/a_b')
+    """
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key.replace("@", "_at_"))
 
 
 def run_identity(job: RLJob, checkpoint_location: str) -> str:
@@ -129,7 +142,7 @@ class MLflowTracker:
         from mlflow.entities import Metric
 
         step, now = int(record["step"]), int(time.time() * 1000)
-        metrics = [Metric(key, value, now, step) for key, value in tracked_metrics(record).items()]
+        metrics = [Metric(mlflow_name(key), value, now, step) for key, value in tracked_metrics(record).items()]
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def close(self) -> None:

@@ -107,7 +107,9 @@ def test_a_builtin_that_compares_answers_refuses_records_without_one_at_start() 
 
 def test_by_data_source_refuses_sources_it_has_no_scorer_for_at_start() -> None:
     records = dataset(VERL_RECORD, {**VERL_RECORD, "data_source": "codecontests"}, {**VERL_RECORD, "data_source": None})
-    with pytest.raises(RewardConfigError, match=r"'codecontests' \(1 records\), None \(1 records\); known: openai/gsm8k"):
+    with pytest.raises(
+        RewardConfigError, match=r"'codecontests' \(1 records\), None \(1 records\); known: openai/gsm8k"
+    ):
         check_reward_inputs(RewardSpec(function="by_data_source"), {"data.validation": records})
     check_reward_inputs(RewardSpec(function="by_data_source"), {"data.train": dataset(VERL_RECORD), "x": None})
 
