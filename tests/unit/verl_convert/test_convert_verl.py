@@ -389,3 +389,13 @@ def test_every_carried_field_is_a_field_of_the_rljob() -> None:
             explain("spec." + knob.field)  # raises UnknownFieldPath for a field the schema does not have
     joint = {key for keys in rules.JOINT_KEYS.values() for key in keys}
     assert set(knobs.VERL_DEFAULTS) <= set(knobs.KNOBS) | joint
+
+
+def test_the_docs_table_names_every_knob_the_converter_knows() -> None:
+    text = (Path(__file__).parents[3] / "docs" / "verl.md").read_text(encoding="utf-8")
+    keys = set(knobs.KNOBS) | {key for keys in rules.JOINT_KEYS.values() for key in keys}
+    # a row may list a family's later keys by their last part (`lora_rank`, `lora_alpha`, ...)
+    missing = [key for key in sorted(keys) if f"`{key}" not in text and f"`{key.rsplit('.', 1)[-1]}`" not in text]
+    assert missing == []
+    for path in VERL_DIFFERENCES:
+        assert f"| `{path}` |" in text, path  # a row of the table of defaults that differ
