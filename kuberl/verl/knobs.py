@@ -194,7 +194,6 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{ACTOR}.clip_ratio_c": Carry("algorithm.dualClipC"),
     f"{ACTOR}.entropy_coeff": Carry("algorithm.entropyCoef"),
     f"{ACTOR}.ppo_epochs": Carry("algorithm.ppoEpochs"),
-    f"{ACTOR}.ppo_mini_batch_size": Carry("algorithm.miniBatchSize"),
     f"{ROLLOUT}.n": Carry("algorithm.groupSize"),
     "critic.cliprange_value": Carry("algorithm.valueClip"),
     # models and optimisers
@@ -239,7 +238,6 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{MODEL}.exclude_modules": Lose("kuberl's LoRA has no excluded modules (it targets targetModules)", True),
     f"{MODEL}.lora_adapter_path": Lose("kuberl's LoRA starts from fresh adapters", True),
     f"{CRITIC_MODEL}.lora_rank": Lose("kuberl's LoRA is the actor's only; the critic trains every weight", True),
-    f"{MODEL}.override_config": Lose("model config overrides (dropout, rope, ...) are not carried", True),
     f"{MODEL}.custom_chat_template": Lose("kuberl renders the tokenizer's own chat template", True),
     f"{ROLLOUT}.multi_turn.enable": Lose("multi-turn rollouts and tools are not in kuberl", True),
     f"{ROLLOUT}.ignore_eos": Lose("kuberl's responses stop at EOS", True),
@@ -257,10 +255,10 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{CRITIC_MODEL}.enable_gradient_checkpointing": Lose("critic gradient checkpointing is " + NOT_YET, False),
     f"{ROLLOUT}.dtype": Lose(
         "a rollout dtype apart from models.actor.dtype is " + NOT_YET, False, lambda value: value == "float32"
-    ),  # fmt: skip
+    ),
     f"{ROLLOUT}.tensor_model_parallel_size": Lose(
         "rollout tensor parallelism is " + NOT_YET + "; one engine per rank", False, _one
-    ),  # fmt: skip
+    ),
     f"{ROLLOUT}.enforce_eager": Lose(ENGINE_ARGS + " (kuberl captures CUDA graphs on GPU)", False),
     f"{ROLLOUT}.free_cache_engine": Lose(ENGINE_ARGS + " (kuberl frees it on GPU)", False, lambda v: v is True),
     f"{ROLLOUT}.max_num_batched_tokens": Lose(ENGINE_ARGS, False, lambda value: False),
@@ -273,7 +271,7 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{ROLLOUT}.expert_parallel_size": Lose(ENGINE_ARGS, False, _one),
     f"{ROLLOUT}.calculate_log_probs": Lose(
         "the engine's log-probs are computed when rollout correction or useEngineLogprobs needs them", False
-    ),  # fmt: skip
+    ),
     # lost: how it trains, and not planned
     f"{ACTOR}.strategy": Lose("Megatron is out of scope: kuberl trains with FSDP2", False, lambda v: v == "fsdp"),
     f"{ACTOR}.fsdp_config.fsdp_size": Lose("kuberl shards over all of a pool's ranks", False, lambda v: v == -1),
@@ -282,6 +280,8 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{ROLLOUT}.load_format": Lose("kuberl loads the weights itself", False, lambda value: True),
     f"{ROLLOUT}.layered_summon": Lose("kuberl gathers LoRA adapters whole", False, lambda value: True),
     f"{ACTOR}.ulysses_sequence_parallel_size": Lose("sequence parallelism is not in kuberl", False, _one),
+    f"{REF}.ulysses_sequence_parallel_size": Lose("sequence parallelism is not in kuberl", False, _one),
+    "critic.ulysses_sequence_parallel_size": Lose("sequence parallelism is not in kuberl", False, _one),
     f"{ACTOR}.use_torch_compile": Lose("kuberl does not torch.compile the trainer", False),
     f"{ACTOR}.entropy_checkpointing": Lose("the entropy is not recomputed in backward", False),
     f"{ACTOR}.entropy_from_logits_with_chunking": Lose("the entropy is computed in one piece", False),
@@ -292,7 +292,7 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{MODEL}.use_shm": Lose("kuberl reads the model from its location", False),
     f"{ROLLOUT}.val_kwargs.temperature": Lose(
         "validation samples at rollout.temperature, plus one greedy", False, lambda v: v == 0
-    ),  # fmt: skip
+    ),
     f"{ROLLOUT}.val_kwargs.n": Lose("validation samples groupSize responses, plus one greedy", False),
     f"{ROLLOUT}.val_kwargs.do_sample": Lose("validation samples and answers greedily, both", False),
     f"{ROLLOUT}.val_kwargs.top_p": Lose("validation uses the rollout's top_p", False, lambda v: v == 1.0),
@@ -306,7 +306,7 @@ KNOBS: dict[str, Carry | Lose] = {
     "trainer.device": Lose("kuberl uses the GPU its pool asks for, else the CPU", False, lambda v: v == "cuda"),
     "reward_model.reward_manager": Lose(
         "kuberl's reward pool scores samples one by one", False, lambda v: v in ("naive", "dapo", "batch")
-    ),  # fmt: skip
+    ),
     "reward_model.launch_reward_fn_async": Lose("the reward pool overlaps with nothing else yet", False),
     "reward_model.strategy": Lose("the reward model runs with transformers", False, lambda v: v == "fsdp"),
     "data.image_key": Lose("vision models are out of scope", False, lambda v: v == "images"),
@@ -314,16 +314,24 @@ KNOBS: dict[str, Carry | Lose] = {
     "data.return_raw_chat": Lose("kuberl keeps each record whole", False, lambda v: True),
 }
 
-#: Families of keys with one entry: Megatron's settings, every role's FSDP offload switches.
+#: Families of keys with one entry: model config overrides, Megatron's settings, every role's FSDP offload switches.
 KNOB_PATTERNS: list[tuple[re.Pattern[str], Lose]] = [
+    (
+        re.compile(r"^(actor_rollout_ref\.model|critic\.model)\.override_config(\..*)?$"),
+        Lose(
+            "model config overrides (dropout, rope, ...) are not carried: kuberl trains the model's own config",
+            True,
+            lambda value: False,  # even a 0 overrides the config's own value
+        ),
+    ),
     (
         re.compile(r"^(actor_rollout_ref\.(actor|ref)|critic)\.megatron\..*$"),
         Lose("Megatron is out of scope: kuberl trains with FSDP2", False, lambda value: _off(value) or _one(value)),
-    ),  # fmt: skip
+    ),
     (
         re.compile(r"^.*fsdp_config\.(param_offload|optimizer_offload|grad_offload|offload_policy)$"),
         Lose("CPU offload is " + NOT_YET, False),
-    ),  # fmt: skip
+    ),
 ]
 
 
@@ -338,7 +346,7 @@ def knob_for(key: str) -> Carry | Lose | None:
 NO_EFFECT = re.compile(
     r"^(data\.(val_batch_size|dataloader_num_workers|return_raw_input_ids|return_full_prompt|"
     r"filter_overlong_prompts_workers|validation_shuffle|tokenizer|use_shm)|"
-    r"actor_rollout_ref\.(hybrid_engine|nccl_timeout)|"
+    r"actor_rollout_ref\.(hybrid_engine|nccl_timeout|model\.fused_kernel_options\..*)|"
     r"actor_rollout_ref\.(actor|ref)\.fsdp_config\.(wrap_policy\..*|reshard_after_forward|forward_prefetch)|"
     r"actor_rollout_ref\.actor\.checkpoint\..*|critic\.checkpoint\..*|"
     r"trainer\.(ray_wait_register_center_timeout|esi_redundant_time|del_local_ckpt_after_load|default_hdfs_dir|"

@@ -44,7 +44,9 @@ def algorithm_rule(config: Config) -> Derived:
         estimator = "grpo"
     name, kuberl_estimator = ESTIMATORS[estimator]
     out.fields |= {"algorithm.name": name, "algorithm.advantageEstimator": kuberl_estimator}
-    loss_mode = str(config[f"{LOSS}.loss_mode"])
+    loss_mode = (
+        "gpg" if config.get(f"{ACTOR}.use_gpg_loss") else str(config[f"{LOSS}.loss_mode"])
+    )  # verl's older switch
     if loss_mode in POLICY_LOSSES:
         out.fields["algorithm.policyLoss"] = POLICY_LOSSES[loss_mode]
     else:
@@ -58,6 +60,8 @@ def algorithm_rule(config: Config) -> Derived:
     if loss_mode == "kl_cov":
         out.fields["algorithm.klCov"] = {"ratio": config[f"{LOSS}.kl_cov_ratio"], "coef": config[f"{LOSS}.ppo_kl_coef"]}
     aggregation = str(config[f"{ACTOR}.loss_agg_mode"]).replace("-", "_")
+    if config.get(f"{ACTOR}.use_token_level_loss") is not None:  # verl's older switch for the same choice
+        aggregation = "token_mean" if config[f"{ACTOR}.use_token_level_loss"] else "seq_mean_token_mean"
     if POLICY_LOSSES.get(loss_mode) in SEQUENCE_LEVEL_LOSSES and aggregation != LossAggregation.SEQ_MEAN_TOKEN_MEAN:
         why = f"kuberl's {loss_mode} weighs every response once (seq_mean_token_mean), not by its length"
         out.lost.append(_lost(config, f"{ACTOR}.loss_agg_mode", why, True))
@@ -215,6 +219,21 @@ def schedule_rule(config: Config) -> Derived:
     return out
 
 
+def mini_batch_rule(config: Config) -> Derived:
+    """ppo_mini_batch_size -> algorithm.miniBatchSize. verl lets the last mini-batch of a step run short when
+    the size does not divide train_batch_size; kuberl's split evenly, so such a size is lost and the largest
+    size below it that divides the batch is written instead."""
+    out = Derived()
+    key = f"{ACTOR}.ppo_mini_batch_size"
+    wanted, batch = int(config[key]), int(config["data.train_batch_size"])
+    size = next((size for size in range(min(wanted, batch), 0, -1) if batch % size == 0), 1)
+    out.fields["algorithm.miniBatchSize"] = size
+    if size != wanted:
+        why = f"kuberl's mini-batches split data.batchSize {batch} evenly; miniBatchSize {size} written instead"
+        out.lost.append(_lost(config, key, why, True))
+    return out
+
+
 #: verl's micro-batch keys besides the actor's: each role's forward or update in pieces of this many sequences.
 OTHER_MICRO_BATCHES = (
     f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
@@ -308,10 +327,18 @@ def config_rule(config: Config) -> Derived:
     return Derived(lost=[_lost(config, "--config-name", why, True)])
 
 
+#: Where verl's versions have put DAPO's overlong buffer.
+OVERLONG_BUFFERS = (
+    "reward_model.overlong_buffer",
+    "reward_model.reward_kwargs.overlong_buffer_cfg",
+    "custom_reward_function.overlong_buffer",
+)
+
+
 def overlong_budget_rule(config: Config) -> Derived:
     """The DAPO reward manager's overlong buffer, in either of verl's spellings -> reward.overlongPenalty."""
     out = Derived()
-    for prefix in ("reward_model.overlong_buffer", "reward_model.reward_kwargs.overlong_buffer_cfg"):
+    for prefix in OVERLONG_BUFFERS:
         if config.get(f"{prefix}.enable"):
             out.fields["reward.overlongPenalty"] = {
                 "bufferLength": config.get(f"{prefix}.len", 4096),
@@ -329,7 +356,9 @@ JOINT_KEYS: dict[Callable[[Config], Derived], tuple[str, ...]] = {
     algorithm_rule: (
         "algorithm.adv_estimator",
         f"{LOSS}.loss_mode",
+        f"{ACTOR}.use_gpg_loss",
         f"{ACTOR}.loss_agg_mode",
+        f"{ACTOR}.use_token_level_loss",
         f"{LOSS}.clip_cov_ratio",
         f"{LOSS}.clip_cov_lb",
         f"{LOSS}.clip_cov_ub",
@@ -358,11 +387,7 @@ JOINT_KEYS: dict[Callable[[Config], Derived], tuple[str, ...]] = {
         "custom_reward_function.name",
     ),
     overlong_budget_rule: (
-        *(f"reward_model.overlong_buffer.{key}" for key in ("enable", "len", "penalty_factor", "log")),
-        *(
-            f"reward_model.reward_kwargs.overlong_buffer_cfg.{key}"
-            for key in ("enable", "len", "penalty_factor", "log")
-        ),
+        *(f"{prefix}.{key}" for prefix in OVERLONG_BUFFERS for key in ("enable", "len", "penalty_factor", "log")),
         "reward_model.reward_kwargs.max_resp_len",
     ),
     config_rule: ("--config-name",),
@@ -375,6 +400,7 @@ JOINT_KEYS: dict[Callable[[Config], Derived], tuple[str, ...]] = {
     resources_rule: ("trainer.nnodes", "trainer.n_gpus_per_node"),
     tracking_rule: ("trainer.logger", "trainer.project_name", "trainer.experiment_name"),
     schedule_rule: (f"{ACTOR}.optim.lr_warmup_steps", f"{ACTOR}.optim.lr_warmup_steps_ratio"),
+    mini_batch_rule: (f"{ACTOR}.ppo_mini_batch_size",),
     micro_batch_rule: (f"{ACTOR}.ppo_micro_batch_size_per_gpu", *OTHER_MICRO_BATCHES, *GLOBAL_MICRO_BATCHES),
     dynamic_batch_rule: (*DYNAMIC_BSZ, *TOKEN_BUDGETS),
     padding_free_rule: (

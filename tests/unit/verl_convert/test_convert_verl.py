@@ -150,6 +150,7 @@ def test_dapo_with_lora_carries_the_adapters_and_loses_what_changes_training() -
         == {
             "data.truncation": True,  # middle truncation
             "data.gen_batch_size": True,
+            "actor_rollout_ref.model.override_config.attention_dropout": True,  # even 0: kuberl keeps the config's
             "trainer.my_extra_knob": True,  # +key=, unknown to the table: assumed to change training
         }
         | ROLLOUT_DTYPE
@@ -168,6 +169,7 @@ def test_dapo_with_lora_carries_the_adapters_and_loses_what_changes_training() -
     penalty = spec.reward.overlong_penalty
     assert penalty is not None and (penalty.buffer_length, penalty.penalty_factor) == (4096, 1.0)
     assert (spec.algorithm.kl.coef, spec.algorithm.group_size) == (0.0, 16)
+    assert spec.algorithm.loss_aggregation == "token_mean"  # use_token_level_loss=True
     assert spec.models.actor.path == "/home/me/verl/models/Qwen2.5-7B"  # ${MODEL_PATH:-"${RAY_DATA_HOME}/..."}
     assert (spec.models.actor.optim.warmup_steps, spec.models.actor.optim.weight_decay) == (10, 0.1)
     assert (spec.resources.actor.replicas, spec.checkpoint.interval_steps) == (4, 10)
@@ -272,6 +274,17 @@ LOST_INSTEAD = {
 }
 
 
+def test_a_mini_batch_that_does_not_divide_the_batch_is_lost_and_the_nearest_divisor_written() -> None:
+    overrides = (
+        "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=3 actor_rollout_ref.actor.ppo_mini_batch_size=80"
+    )
+    conversion = convert.convert(read_launch(f"{MINIMAL} {overrides} actor_rollout_ref.actor.use_gpg_loss=True"))
+    assert lost(conversion) == {"actor_rollout_ref.actor.ppo_mini_batch_size": True} | ROLLOUT_DTYPE | VERL_TP
+    spec = parse_rljob(conversion.manifest).spec
+    assert spec.algorithm.mini_batch_size == 64  # verl runs 80 with a short last mini-batch; 64 divides 1024
+    assert spec.algorithm.policy_loss == "gpg"  # verl's older use_gpg_loss switch
+
+
 def _at(tree: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         tree = tree[part]
@@ -324,8 +337,8 @@ def test_the_cli_refuses_a_lossy_conversion_unless_the_loss_is_accepted(tmp_path
     script = str(LAUNCHES / "dapo_lora.sh")
     assert cli.main(["convert", "verl", script]) == cli.EXIT_LOSSY_CONVERSION
     out, err = capsys.readouterr()
-    assert out == "" and "3 lost knobs change what is trained" in err and "--accept-loss" in err
-    assert "data.truncation, data.gen_batch_size, trainer.my_extra_knob" in err
+    assert out == "" and "4 lost knobs change what is trained" in err and "--accept-loss" in err
+    assert "(data.truncation, data.gen_batch_size, actor_rollout_ref.model.override_config.attention_dropout, " in err
     assert cli.main(["convert", "verl", script, "--accept-loss", "--name", "dapo"]) == 0
     out, _ = capsys.readouterr()
     assert parse_rljob(yaml.safe_load(out)).metadata.name == "dapo"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# DAPO with LoRA, in the style of verl's recipe/dapo/run_dapo_qwen2.5_32b.sh
+# DAPO with LoRA, in the style of verl's recipe/dapo/run_dapo_qwen2.5_32b.sh: submitted with `ray job submit`,
+# the overlong buffer under custom_reward_function, the older use_token_level_loss switch
 set -euxo pipefail
 
 project_name='DAPO'
@@ -9,7 +10,9 @@ MODEL_PATH=${MODEL_PATH:-"${RAY_DATA_HOME}/models/Qwen2.5-7B"}
 TRAIN_FILE=${TRAIN_FILE:-"${RAY_DATA_HOME}/data/dapo-math-17k.parquet"}
 max_response_length=$((1024 * 8))
 
-python3 -m recipe.dapo.main_dapo \
+ray job submit --no-wait --runtime-env="${RUNTIME_ENV:-runtime_env.yaml}" \
+    --working-dir "${PWD}" \
+    -- python3 -m recipe.dapo.src.main_dapo \
     data.train_files="${TRAIN_FILE}" \
     data.prompt_key=prompt \
     data.truncation='middle' \
@@ -34,14 +37,15 @@ python3 -m recipe.dapo.main_dapo \
     actor_rollout_ref.actor.optim.lr_warmup_steps=10 \
     actor_rollout_ref.actor.optim.weight_decay=0.1 \
     actor_rollout_ref.actor.ppo_mini_batch_size=32 \
-    actor_rollout_ref.actor.loss_agg_mode=token-mean \
+    actor_rollout_ref.actor.use_token_level_loss=True \
+    +actor_rollout_ref.model.override_config.attention_dropout=0. \
     actor_rollout_ref.rollout.temperature=1.0 \
     actor_rollout_ref.rollout.top_p=1.0 \
     actor_rollout_ref.rollout.top_k=-1 \
     reward_model.reward_manager=dapo \
-    reward_model.overlong_buffer.enable=True \
-    reward_model.overlong_buffer.len=4096 \
-    reward_model.overlong_buffer.penalty_factor=1.0 \
+    custom_reward_function.overlong_buffer.enable=True \
+    custom_reward_function.overlong_buffer.len=4096 \
+    custom_reward_function.overlong_buffer.penalty_factor=1.0 \
     trainer.logger='["console","tensorboard"]' \
     trainer.project_name="${project_name}" \
     trainer.experiment_name="${exp_name}" \
