@@ -37,18 +37,24 @@ def logical_lines(text: str) -> list[str]:
     return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
-def expand(text: str, variables: Mapping[str, str]) -> str:
-    """`$VAR`, `${VAR}`, `${VAR:-default}` (defaults may nest) expanded; an unknown variable stays as written.
+def expand(text: str, variables: Mapping[str, str], unresolved: set[str] | None = None) -> str:
+    """`$VAR`, `${VAR}`, `${VAR:-default}` (defaults may nest) expanded; an unknown variable stays as written
+    and its name goes into `unresolved`.
 
-    >>> expand('${A:-"${B}/x"} $B ${C}', {"B": "/b"})
-    '"/b/x" /b ${C}'
+    >>> missing = set()
+    >>> expand('${A:-"${B}/x"} $B ${C} $D', {"B": "/b"}, missing), sorted(missing)
+    ('"/b/x" /b ${C} $D', ['C', 'D'])
     """
+    unresolved = set() if unresolved is None else unresolved
     out, position = [], 0
     while position < len(text):
         if text.startswith("$((", position):
             end = _arithmetic_end(text, position + 3)
             if end is not None:
-                out.append(arithmetic(text[position + 3 : end], variables) or text[position : end + 2])
+                value = arithmetic(text[position + 3 : end], variables)
+                if value is None:
+                    unresolved.add(text[position : end + 2])
+                out.append(value or text[position : end + 2])
                 position = end + 2
                 continue
         if text.startswith("${", position):
@@ -56,11 +62,13 @@ def expand(text: str, variables: Mapping[str, str]) -> str:
             while end < len(text) and depth:
                 depth += {"{": 1, "}": -1}.get(text[end], 0)
                 end += 1
-            out.append(_braced(text[position + 2 : end - 1], variables) if depth == 0 else text[position:])
+            out.append(_braced(text[position + 2 : end - 1], variables, unresolved) if depth == 0 else text[position:])
             position = end
             continue
         bare = _BARE.match(text, position)
         if bare:
+            if bare.group(1) not in variables:
+                unresolved.add(bare.group(1))
             out.append(variables.get(bare.group(1), bare.group(0)))
             position = bare.end()
             continue
@@ -122,18 +130,21 @@ def _evaluate(node: ast.expr, variables: Mapping[str, str]) -> int:
     raise ValueError(f"not integer arithmetic: {ast.dump(node)}")
 
 
-def _braced(inner: str, variables: Mapping[str, str]) -> str:
+def _braced(inner: str, variables: Mapping[str, str], unresolved: set[str]) -> str:
     name, operator, default = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(:?-)?(.*)", inner, re.S).groups()  # type: ignore[union-attr]
     if variables.get(name):
         return variables[name]
     if operator is not None:
-        return expand(default, variables) if operator == ":-" or name not in variables else ""
+        return expand(default, variables, unresolved) if operator == ":-" or name not in variables else ""
+    if name not in variables:
+        unresolved.add(name if name == inner else inner)
     return variables.get(name, "${" + inner + "}")
 
 
-def _words(line: str, variables: Mapping[str, str]) -> list[str]:
+def _words(line: str, variables: Mapping[str, str], unresolved: set[str] | None = None) -> list[str]:
     """A line's words as bash would split them: variables expanded outside single quotes, then shlex."""
-    expanded = "".join(text if single else expand(text, variables) for text, single in _quoted_runs(line))
+    runs = _quoted_runs(line)
+    expanded = "".join(text if single else expand(text, variables, unresolved) for text, single in runs)
     try:
         return shlex.split(expanded, comments=True)
     except ValueError as error:
@@ -160,7 +171,8 @@ def read_launch(text: str, environment: Mapping[str, str] | None = None) -> dict
     """The Hydra overrides of the script's (or command line's) verl trainer command, values parsed."""
     variables = dict(environment or {})
     for line in logical_lines(text):
-        words = _words(line, variables)
+        unresolved: set[str] = set()
+        words = _words(line, variables, unresolved)
         if words and words[0] in ("export", "declare", "local", "readonly"):
             words = [word for word in words[1:] if not word.startswith("-")]
         if words and all(_ASSIGNMENT.match(word) for word in words):  # VAR=x [OTHER=y]: assignments only
@@ -170,6 +182,18 @@ def read_launch(text: str, environment: Mapping[str, str] | None = None) -> dict
             continue
         arguments = trainer_arguments(words)
         if arguments is not None:
+            passed = " ".join(arguments)  # not the launcher's own options (ray job submit --working-dir $PWD ...)
+            unresolved = {
+                name
+                for name in unresolved
+                if (name in passed if name.startswith("$") else re.search(rf"\$\{{?{name}\b", passed))
+            }
+            if unresolved:
+                names = ", ".join(sorted(unresolved))
+                raise LaunchError(
+                    f"the verl command reads shell variables the script does not set: {names}; "
+                    "export them, or pass each as --env NAME=VALUE"
+                )
             return parse_overrides(arguments)
     raise LaunchError(
         "no verl trainer command found: expected a line running `python3 -m verl.trainer.main_ppo key=value ...` "

@@ -50,6 +50,31 @@ def job_name(experiment: Any) -> str:
     return name or "verl-job"
 
 
+_INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
+
+
+def resolve_interpolations(config: dict[str, Any]) -> dict[str, Any]:
+    """OmegaConf's `${other.key}` values (a whole value naming another key) replaced by that key's value.
+
+    >>> resolve_interpolations({"a.b": "/m", "c": "${a.b}", "d": "${c}"})
+    {'a.b': '/m', 'c': '/m', 'd': '/m'}
+    """
+    resolved = dict(config)
+    for _ in range(8):  # chains of interpolations, a few deep
+        pending = False
+        for key, value in resolved.items():
+            match = _INTERPOLATION.fullmatch(value) if isinstance(value, str) else None
+            if match and match.group(1) in resolved and match.group(1) != key:
+                resolved[key] = resolved[match.group(1)]
+                pending = True
+        if not pending:
+            break
+    left = [f"{key}={value}" for key, value in resolved.items() if isinstance(value, str) and "${" in value]
+    if left:
+        raise LaunchError(f"{', '.join(left)}: an interpolation the converter cannot resolve; write the value itself")
+    return resolved
+
+
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     for part in parents:
@@ -65,7 +90,7 @@ def convert(overrides: dict[str, Any], name: str | None = None) -> Conversion:
     unset = [key for key in REQUIRED if overrides.get(key) in (None, "", [])]
     if unset:  # verl's own defaults for these are placeholders (~/models/deepseek-llm-7b-chat, ...)
         raise LaunchError(f"the command line sets no {' and no '.join(unset)}; a verl job needs them too")
-    config = {**VERL_DEFAULTS, **overrides}
+    config = resolve_interpolations({**VERL_DEFAULTS, **overrides})
     fields: dict[str, Any] = {}
     lost: list[LostKnob] = []
     consumed: set[str] = set()

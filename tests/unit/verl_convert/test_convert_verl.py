@@ -384,6 +384,26 @@ def test_a_command_line_without_a_model_or_data_is_refused_naming_the_key(tmp_pa
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_a_variable_the_script_does_not_set_is_refused_naming_it_and_env_sets_it(tmp_path, capsys) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "ray job submit --working-dir $WORKDIR -- \\\n"  # the launcher's own options may read anything
+        "  python3 -m verl.trainer.main_ppo data.train_files=$DATA/train.parquet actor_rollout_ref.model.path=/m\n"
+    )
+    with pytest.raises(LaunchError, match="does not set: DATA; export them, or pass each as --env NAME=VALUE"):
+        read_launch(script.read_text(), {})
+    assert cli.main(["convert", "verl", str(script), "--env", "DATA=/d"]) == 0
+    assert parse_rljob(yaml.safe_load(capsys.readouterr().out)).spec.data.train == "/d/train.parquet"
+
+
+def test_omegaconf_interpolations_resolve_to_the_value_they_name() -> None:
+    launch = f"{MINIMAL} critic.model.path='${{actor_rollout_ref.model.path}}' trainer.experiment_name=ppo"
+    spec = parse_rljob(convert.convert(read_launch(launch)).manifest).spec
+    assert spec.models.critic is not None and spec.models.critic.path == "/m"
+    with pytest.raises(LaunchError, match="trainer.project_name=\\$\\{oc.env:PROJECT\\}: an interpolation"):
+        convert.convert(read_launch(f"{MINIMAL} trainer.project_name='${{oc.env:PROJECT}}'"))
+
+
 def test_hydra_values_and_shell_quoting_read_as_verl_reads_them() -> None:
     overrides = read_launch(
         "X=a.parquet\nY=\"['$X', 'b.parquet']\"\nN=$((3 * (2 + 1)))\n"
