@@ -1,4 +1,4 @@
-"""The `kuberl` command: validate, explain, crds, run, operator.
+"""The `kuberl` command: validate, explain, crds, run, convert, operator.
 
 Heavy parts (the runtime's torch and Ray, the operator's kopf) are imported only by the
 sub-commands that need them, so `kuberl validate` works from the base install.
