@@ -293,7 +293,9 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{ROLLOUT}.val_kwargs.temperature": Lose(
         "validation samples at rollout.temperature, plus one greedy", False, lambda v: v == 0
     ),
-    f"{ROLLOUT}.val_kwargs.n": Lose("validation samples groupSize responses, plus one greedy", False),
+    f"{ROLLOUT}.val_kwargs.n": Lose(
+        "validation samples groupSize responses, plus one greedy (val/greedy_mean is verl's n=1)", False, _one
+    ),
     f"{ROLLOUT}.val_kwargs.do_sample": Lose("validation samples and answers greedily, both", False),
     f"{ROLLOUT}.val_kwargs.top_p": Lose("validation uses the rollout's top_p", False, lambda v: v == 1.0),
     f"{ROLLOUT}.val_kwargs.top_k": Lose("validation uses the rollout's top_k", False, lambda v: v == -1),
