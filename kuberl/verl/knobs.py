@@ -275,7 +275,6 @@ KNOBS: dict[str, Carry | Lose] = {
     # lost: how it trains, and not planned
     f"{ACTOR}.strategy": Lose("Megatron is out of scope: kuberl trains with FSDP2", False, lambda v: v == "fsdp"),
     f"{ACTOR}.fsdp_config.fsdp_size": Lose("kuberl shards over all of a pool's ranks", False, lambda v: v == -1),
-    f"{ROLLOUT}.name": Lose("SGLang is out of scope: kuberl generates with vLLM", False, lambda v: v == "vllm"),
     f"{ROLLOUT}.mode": Lose("kuberl's rollout is synchronous", False, lambda v: v in ("sync", "async")),
     f"{ROLLOUT}.load_format": Lose("kuberl loads the weights itself", False, lambda value: True),
     f"{ROLLOUT}.layered_summon": Lose("kuberl gathers LoRA adapters whole", False, lambda value: True),

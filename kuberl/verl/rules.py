@@ -314,6 +314,15 @@ def padding_free_rule(config: Config) -> Derived:
     return out
 
 
+def engine_rule(config: Config) -> Derived:
+    """rollout.name: vllm and hf are kuberl's engines too; anything else (sglang) generates with vLLM."""
+    name = config.get(f"{ROLLOUT}.name")
+    if name in (None, "vllm", "hf"):
+        return Derived(fields={"rollout.engine": name} if name else {})
+    why = f"{name} is out of scope: kuberl generates with vLLM (or hf)"
+    return Derived(fields={"rollout.engine": "vllm"}, lost=[_lost(config, f"{ROLLOUT}.name", why, False)])
+
+
 def config_rule(config: Config) -> Derived:
     """`--config-name`: the converter knows the defaults of verl's ppo_trainer (and the Megatron variant's,
     which agree on every key it reads); another config's defaults may differ from the ones it pins."""
@@ -391,6 +400,7 @@ JOINT_KEYS: dict[Callable[[Config], Derived], tuple[str, ...]] = {
         "reward_model.reward_kwargs.max_resp_len",
     ),
     config_rule: ("--config-name",),
+    engine_rule: (f"{ROLLOUT}.name",),
     dynamic_sampling_rule: (
         "algorithm.filter_groups.enable",
         "algorithm.filter_groups.metric",

@@ -232,6 +232,7 @@ def test_a_one_line_command_with_a_reward_file_and_an_adaptive_kl() -> None:
         | VERL_TP
     )
     spec = parse_rljob(conversion.manifest).spec
+    assert spec.rollout.engine == "vllm"
     assert spec.reward.function == "/opt/rewards/my_reward.py:score_it"
     assert (spec.algorithm.kl.coef, spec.algorithm.kl.placement, spec.algorithm.kl.estimator) == (0.005, "reward", "k1")
     assert spec.models.actor.optim.warmup_steps == 20  # 10% of total_training_steps 200
@@ -283,6 +284,8 @@ def test_a_mini_batch_that_does_not_divide_the_batch_is_lost_and_the_nearest_div
     spec = parse_rljob(conversion.manifest).spec
     assert spec.algorithm.mini_batch_size == 64  # verl runs 80 with a short last mini-batch; 64 divides 1024
     assert spec.algorithm.policy_loss == "gpg"  # verl's older use_gpg_loss switch
+    hf = convert.convert(read_launch(f"{MINIMAL} actor_rollout_ref.rollout.name=hf"))
+    assert parse_rljob(hf.manifest).spec.rollout.engine == "hf"  # verl's HF rollout is kuberl's hf engine
 
 
 def _at(tree: dict[str, Any], dotted: str) -> Any:
