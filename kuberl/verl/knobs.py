@@ -175,10 +175,16 @@ def _keep(value: Any) -> int:
     return 1000 if value is None else int(value)
 
 
-def _location(value: Any) -> str:
-    from kuberl.verl.rules import model_location
+def model_location(path: Any) -> str:
+    """A verl model path as an RLJob location: a Hugging Face repo id (`Qwen/Qwen2.5-7B`) becomes hf://.
 
-    return model_location(value)
+    >>> model_location("Qwen/Qwen2.5-7B"), model_location("/models/qwen"), model_location("~/models/x")
+    ('hf://Qwen/Qwen2.5-7B', '/models/qwen', '~/models/x')
+    """
+    text = str(path)
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) and not text.startswith(("./", "../")):
+        return f"hf://{text}"
+    return text
 
 
 # ------------------------------------------------------------------------------------------ the table
@@ -197,7 +203,7 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{ROLLOUT}.n": Carry("algorithm.groupSize"),
     "critic.cliprange_value": Carry("algorithm.valueClip"),
     # models and optimisers
-    f"{MODEL}.path": Carry("models.actor.path", _location),
+    f"{MODEL}.path": Carry("models.actor.path", model_location),
     f"{MODEL}.enable_gradient_checkpointing": Carry("models.actor.gradientCheckpointing"),
     f"{ACTOR}.optim.lr": Carry("models.actor.optim.lr"),
     f"{ACTOR}.optim.weight_decay": Carry("models.actor.optim.weightDecay"),
@@ -206,12 +212,12 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{ACTOR}.optim.lr_scheduler_type": Carry("models.actor.optim.schedule"),
     f"{ACTOR}.grad_clip": Carry("models.actor.optim.gradClip"),
     f"{ACTOR}.optim.clip_grad": Carry("models.actor.optim.gradClip"),
-    f"{CRITIC_MODEL}.path": Carry("models.critic.path", _location),
+    f"{CRITIC_MODEL}.path": Carry("models.critic.path", model_location),
     "critic.optim.lr": Carry("models.critic.optim.lr"),
     "critic.optim.weight_decay": Carry("models.critic.optim.weightDecay"),
     "critic.optim.betas": Carry("models.critic.optim.betas"),
     "critic.grad_clip": Carry("models.critic.optim.gradClip"),
-    f"{REF}.model.path": Carry("models.reference.path", _location),
+    f"{REF}.model.path": Carry("models.reference.path", model_location),
     # data
     "data.train_files": Carry("data.train"),
     "data.val_files": Carry("data.validation"),

@@ -5,13 +5,12 @@ and the knobs it cannot carry; `JOINT_KEYS` says which keys each rule consumes, 
 entries never see them.
 """
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 from kuberl.api.enums import LossAggregation
 from kuberl.api.policy_losses import SEQUENCE_LEVEL_LOSSES
-from kuberl.verl.knobs import ACTOR, CRITIC_MODEL, MODEL, REF, ROLLOUT, Config, Derived, LostKnob
+from kuberl.verl.knobs import ACTOR, CRITIC_MODEL, MODEL, REF, ROLLOUT, Config, Derived, LostKnob, model_location
 
 KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
 ESTIMATORS = {  # verl adv_estimator -> (kuberl algorithm.name, advantageEstimator)
@@ -100,18 +99,6 @@ def kl_rule(config: Config) -> Derived:
     else:
         out.lost.append(_lost(config, estimator_key, f"kuberl has no KL estimator {estimator}", True))
     return out
-
-
-def model_location(path: Any) -> str:
-    """A verl model path as an RLJob location: a Hugging Face repo id (`Qwen/Qwen2.5-7B`) becomes hf://.
-
-    >>> model_location("Qwen/Qwen2.5-7B"), model_location("/models/qwen"), model_location("~/models/x")
-    ('hf://Qwen/Qwen2.5-7B', '/models/qwen', '~/models/x')
-    """
-    text = str(path)
-    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) and not text.startswith(("./", "../")):
-        return f"hf://{text}"
-    return text
 
 
 def lora_rule(config: Config) -> Derived:
