@@ -112,6 +112,7 @@ def convert(overrides: dict[str, Any], name: str | None = None) -> Conversion:
             lost.append(LostKnob(key, value, "not in kuberl's table of verl knobs", True))
     if "data.val_files" not in config:  # nothing to validate: verl's validation knobs lose nothing
         lost = [knob for knob in lost if not knob.key.startswith(("trainer.val_", "actor_rollout_ref.rollout.val"))]
+        fields.pop("training.validationEverySteps", None)
     if "models.critic" not in fields:  # no critic (no gae): its knobs have nothing to act on
         fields = {path: value for path, value in fields.items() if not path.startswith(CRITIC_ONLY)}
         lost = [knob for knob in lost if not knob.key.startswith("critic.")]

@@ -399,6 +399,13 @@ def test_a_variable_the_script_does_not_set_is_refused_naming_it_and_env_sets_it
     assert parse_rljob(yaml.safe_load(capsys.readouterr().out)).spec.data.train == "/d/train.parquet"
 
 
+def test_validation_knobs_without_validation_files_lose_nothing() -> None:
+    launch = f"{MINIMAL} trainer.test_freq=5 trainer.val_before_train=True actor_rollout_ref.rollout.val_kwargs.n=4"
+    conversion = convert.convert(read_launch(launch))
+    assert lost(conversion) == ROLLOUT_DTYPE | VERL_TP | {"critic.model.enable_gradient_checkpointing": False}
+    assert parse_rljob(conversion.manifest).spec.training.validation_every_steps is None
+
+
 def test_omegaconf_interpolations_resolve_to_the_value_they_name() -> None:
     launch = f"{MINIMAL} critic.model.path='${{actor_rollout_ref.model.path}}' trainer.experiment_name=ppo"
     spec = parse_rljob(convert.convert(read_launch(launch)).manifest).spec
