@@ -95,7 +95,13 @@ def convert(overrides: dict[str, Any], name: str | None = None) -> Conversion:
     lost: list[LostKnob] = []
     consumed: set[str] = set()
     for rule, keys in JOINT_KEYS.items():
-        derived = rule(config)
+        try:
+            derived = rule(config)
+        except (TypeError, ValueError) as error:  # a number verl expects, given as something else
+            named = [key for key, value in overrides.items() if value is not None and repr(value) in str(error)]
+            named = named or [key for key in keys if key in overrides]
+            given = ", ".join(f"{key}={overrides[key]!r}" for key in named)
+            raise LaunchError(f"{given or rule.__name__}: not a value verl takes here ({error})") from None
         fields.update(derived.fields)
         lost.extend(derived.lost)
         consumed.update(keys)
@@ -104,7 +110,10 @@ def convert(overrides: dict[str, Any], name: str | None = None) -> Conversion:
             continue
         knob = knob_for(key)
         if isinstance(knob, Carry):
-            fields[knob.field] = knob.convert(value)
+            try:
+                fields[knob.field] = knob.convert(value)
+            except (TypeError, ValueError) as error:
+                raise LaunchError(f"{key}={value!r}: not a value verl takes here ({error})") from None
         elif knob is not None:
             if not knob.harmless(value):
                 lost.append(LostKnob(key, value, knob.why, knob.changes_training))

@@ -177,7 +177,7 @@ def tracking_rule(config: Config) -> Derived:
     """trainer.logger's wandb and mlflow -> spec.tracking, with verl's project and experiment names."""
     out = Derived()
     loggers = config["trainer.logger"]
-    loggers = [loggers] if isinstance(loggers, str) else list(loggers or [])
+    loggers = [str(logger) for logger in loggers] if isinstance(loggers, list) else [str(loggers)]
     tracking: dict[str, Any] = {
         "project": str(config["trainer.project_name"]),
         "runName": str(config["trainer.experiment_name"]),

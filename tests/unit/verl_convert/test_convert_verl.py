@@ -406,6 +406,15 @@ def test_validation_knobs_without_validation_files_lose_nothing() -> None:
     assert parse_rljob(conversion.manifest).spec.training.validation_every_steps is None
 
 
+@pytest.mark.parametrize(
+    "override",
+    ["data.train_batch_size=many", "trainer.nnodes=null", "actor_rollout_ref.rollout.top_k=abc", "trainer.save_freq=x"],
+)
+def test_a_value_verl_would_refuse_is_refused_naming_the_key(override: str) -> None:
+    with pytest.raises(LaunchError, match=f"{override.split('=')[0]}=.*not a value verl takes here"):
+        convert.convert(read_launch(f"{MINIMAL} {override}"))
+
+
 def test_omegaconf_interpolations_resolve_to_the_value_they_name() -> None:
     launch = f"{MINIMAL} critic.model.path='${{actor_rollout_ref.model.path}}' trainer.experiment_name=ppo"
     spec = parse_rljob(convert.convert(read_launch(launch)).manifest).spec
