@@ -2,6 +2,7 @@
 validates, trains with verl's effective values, and the lost knobs are exactly the ones expected."""
 
 import doctest
+import io
 from pathlib import Path
 from typing import Any
 
@@ -354,6 +355,13 @@ def test_the_cli_reads_a_command_line_after_double_dash(capsys) -> None:
     out, _ = capsys.readouterr()
     spec = parse_rljob(yaml.safe_load(out)).spec
     assert (spec.algorithm.group_size, spec.data.train) == (4, "/d/train.parquet")
+
+
+def test_the_cli_reads_a_script_from_stdin(monkeypatch, capsys) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO((LAUNCHES / "ppo_critic.sh").read_text()))
+    assert cli.main(["convert", "verl", "-", "--env", "HOME=/h"]) == 0
+    out, _ = capsys.readouterr()
+    assert parse_rljob(yaml.safe_load(out)).spec.data.train == "/h/data/gsm8k/train.parquet"
 
 
 def test_a_job_kuberl_refuses_names_the_field(capsys) -> None:
