@@ -3,9 +3,10 @@
     VERL_DIFFERENCES["algorithm.lam"].verl_value    # 1.0 (kuberl: 0.95)
 
 One entry per RLJob field (dotted, camelCase, under `spec`) whose default is not verl's (verl's
-`verl/trainer/config/ppo_trainer.yaml`). `kuberl convert verl` pins every one of them in the manifest it
-writes, so a converted job trains with verl's values (a test holds the converter to this table); a job
-written by hand gets kuberl's, for the reason given.
+`verl/trainer/config/ppo_trainer.yaml`). `kuberl convert verl` pins verl's value of each in the manifest it
+writes, so a converted job trains with verl's values, and reports as lost the two kuberl cannot follow yet
+(the rollout's dtype, tensor parallelism); a test holds the converter to this table. A job written by
+hand gets kuberl's, for the reason given.
 """
 
 from dataclasses import dataclass
