@@ -130,15 +130,39 @@ def _evaluate(node: ast.expr, variables: Mapping[str, str]) -> int:
     raise ValueError(f"not integer arithmetic: {ast.dump(node)}")
 
 
+_BRACED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=+?])(.*))?", re.S)
+
+
 def _braced(inner: str, variables: Mapping[str, str], unresolved: set[str]) -> str:
-    name, operator, default = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(:?-)?(.*)", inner, re.S).groups()  # type: ignore[union-attr]
-    if variables.get(name):
-        return variables[name]
-    if operator is not None:
-        return expand(default, variables, unresolved) if operator == ":-" or name not in variables else ""
-    if name not in variables:
-        unresolved.add(name if name == inner else inner)
-    return variables.get(name, "${" + inner + "}")
+    """`${NAME}` and bash's `${NAME:-word}`, `${NAME:=word}`, `${NAME:+word}`, `${NAME:?}` (and the forms
+    without `:`, which test for unset rather than empty); `${@}` and `${*}` are the script's arguments: none.
+    Any other form (`${#NAME}`, `${NAME/a/b}`) is not read: it stays as written, unresolved.
+
+    >>> missing = set()
+    >>> [_braced(inner, {"E": "", "S": "s"}, missing) for inner in ("S", "E:-d", "E-d", "S:+alt", "E:+alt", "@")]
+    ['s', 'd', '', 'alt', '', '']
+    >>> _braced("#S", {"S": "s"}, missing), sorted(missing)
+    ('${#S}', ['${#S}'])
+    """
+    if inner in ("@", "*"):
+        return ""
+    match = _BRACED.fullmatch(inner)
+    if match is None:
+        unresolved.add("${" + inner + "}")
+        return "${" + inner + "}"
+    name, operator, word = match.groups()
+    value = variables.get(name)
+    is_set = value is not None and (value != "" or not operator or not operator.startswith(":"))
+    if operator is None or (operator[-1] == "?" and is_set):
+        if value is None:
+            unresolved.add(name)
+        return "${" + inner + "}" if value is None else value
+    if operator[-1] in "-=":
+        return value if is_set and value is not None else expand(word, variables, unresolved)
+    if operator[-1] == "+":
+        return expand(word, variables, unresolved) if is_set else ""
+    unresolved.add(name)  # ${NAME:?message} with NAME unset: bash stops the script here
+    return "${" + inner + "}"
 
 
 def _words(line: str, variables: Mapping[str, str], unresolved: set[str] | None = None) -> list[str]:
