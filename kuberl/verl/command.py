@@ -255,6 +255,11 @@ def parse_overrides(words: list[str]) -> dict[str, Any]:
         if "=" not in word:
             continue
         key, _, raw = word.partition("=")
+        if raw.startswith("[") and not raw.endswith("]"):  # [a, b] unquoted: bash cut it at the space
+            raise LaunchError(
+                f"{key}={raw}: the list is cut at a space, so Hydra would refuse it too; quote the whole value, "
+                f'as verl\'s examples do: {key}="[a, b]"'
+            )
         overrides[key.lstrip("+~")] = hydra_value(raw)
     return overrides
 

@@ -380,6 +380,13 @@ def test_a_job_kuberl_refuses_names_the_field(capsys) -> None:
     assert "spec.algorithm.groupSize" in capsys.readouterr().err
 
 
+def test_an_unquoted_list_cut_by_the_shell_is_refused() -> None:
+    with pytest.raises(LaunchError, match="the list is cut at a space"):
+        read_launch("python3 -m verl.trainer.main_ppo data.val_files=[$HOME/a.parquet, $HOME/b.parquet]", ENV)
+    quoted = read_launch('python3 -m verl.trainer.main_ppo data.val_files="[$HOME/a.parquet, $HOME/b.parquet]"', ENV)
+    assert quoted == {"data.val_files": ["/home/me/a.parquet", "/home/me/b.parquet"]}
+
+
 def test_a_script_without_a_verl_command_is_refused() -> None:
     with pytest.raises(LaunchError, match="no verl trainer command found"):
         read_launch("echo hello\npython3 train.py lr=1\n")
