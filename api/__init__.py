@@ -50,6 +50,7 @@ from kuberl.api.spec import (
     TrainingSpec,
 )
 from kuberl.api.status import Condition, Metrics, Progress, RLJobStatus, Validation
+from kuberl.api.tracking import TrackingSpec
 
 __all__ = [
     "ALGORITHM_PRESETS",
@@ -96,6 +97,7 @@ __all__ = [
     "RolloutSpec",
     "RunPolicy",
     "Toleration",
+    "TrackingSpec",
     "TrainingSpec",
     "Validation",
     "load_rljob_file",

@@ -63,6 +63,14 @@ def _describe_default(schema: dict[str, Any], description: str) -> str:
     return f"{description} Default: {json.dumps(schema['default'])}."
 
 
+def _one_or_many(options: list[dict[str, Any]]) -> bool:
+    """A union of a scalar type and a list of it (`str | list[str]`)."""
+    if len(options) != 2:
+        return False
+    scalar, array = sorted(options, key=lambda option: option.get("type") == "array")
+    return array.get("type") == "array" and array.get("items", {}).get("type") == scalar.get("type") is not None
+
+
 def to_structural(schema: dict[str, Any], defs: dict[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
     """One pydantic JSON-schema node as a structural OpenAPI v3.0 node."""
     description = schema.get("description", "")
@@ -73,6 +81,13 @@ def to_structural(schema: dict[str, Any], defs: dict[str, Any], path: tuple[str,
         options = [_resolve(option, defs) for option in schema["anyOf"]]
         non_null = [option for option in options if option.get("type") != "null"]
         nullable = len(non_null) < len(options)
+        if _one_or_many(non_null):
+            # `x` or `[x, ...]`: a structural schema has one type per node; the webhook checks the value
+            anything: dict[str, Any] = {"description": description} if description else {}
+            anything["x-kubernetes-preserve-unknown-fields"] = True
+            if nullable:
+                anything["nullable"] = True
+            return anything
         if len(non_null) != 1:
             raise ValueError(f"{'.'.join(path)}: a CRD cannot express a union of {len(non_null)} types")
         schema = {**non_null[0], **{k: v for k, v in schema.items() if k != "anyOf"}}

@@ -128,6 +128,7 @@ class OverlongPrompt(StrEnum):
     ERROR = "error"
     TRUNCATE_LEFT = "truncate_left"
     TRUNCATE_RIGHT = "truncate_right"
+    DROP = "drop"  # verl's filter_overlong_prompts
 
 
 class LRSchedule(StrEnum):

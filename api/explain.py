@@ -10,6 +10,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from kuberl.api.manifest import RLJob, _model_in
+from kuberl.api.verl_defaults import VERL_DIFFERENCES
 
 
 class UnknownFieldPath(ValueError):
@@ -95,6 +96,9 @@ def explain(path: str = "") -> str:
             lines.append(f"DEFAULT:  {default}")
         if field.is_required():
             lines.append("REQUIRED: yes")
+        difference = VERL_DIFFERENCES.get(".".join(walked[1:])) if walked[:1] == ["spec"] else None
+        if difference is not None:
+            lines.append(f"VERL:     {difference.verl()} (kuberl differs: {difference.why})")
     description = (field.description if field is not None else None) or (model.__doc__ if model else None) or ""
     lines += ["", "DESCRIPTION:", f"  {description.strip()}"]
     if model is not None:
@@ -105,3 +109,21 @@ def explain(path: str = "") -> str:
             required = " (required)" if sub.is_required() else ""
             lines.append(f"  {name:<24} <{_type_name(sub.annotation)}>{required}  {summary}")
     return "\n".join(lines)
+
+
+def explain_verl_defaults() -> str:
+    """Every field whose default differs from verl's: `kuberl explain --verl`."""
+    lines = ["Defaults that differ from verl's (kuberl convert verl pins verl's in the manifest it writes):", ""]
+    for path, difference in VERL_DIFFERENCES.items():
+        default = difference.kuberl or _default_at(path)
+        lines.append(f"spec.{path}: kuberl {default}; verl {difference.verl()}")
+        lines.append(f"  {difference.why}")
+    return "\n".join(lines)
+
+
+def _default_at(path: str) -> str:
+    """`DEFAULT:` of a spec field as explain() prints it, or what explain says instead."""
+    for line in explain("spec." + path).splitlines():
+        if line.startswith("DEFAULT:"):
+            return line.removeprefix("DEFAULT:").strip()
+    raise AssertionError(f"VERL_DIFFERENCES[{path!r}] needs its kuberl default in words (the field has none)")

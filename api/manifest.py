@@ -136,6 +136,14 @@ def model_at(loc: tuple[str | int, ...], root: type[BaseModel] = BaseModel) -> t
     return model
 
 
+#: Field names people bring from elsewhere (verl's keys, old names) -> what to write instead.
+FIELD_HINTS: dict[str, str] = {
+    "filterOverlongPrompts": "overlongPrompt: drop",
+    "trainFiles": "train (a path or a list of paths)",
+    "valFiles": "validation (a path or a list of paths)",
+}
+
+
 def _message(error: Any) -> str:
     kind, loc = error["type"], tuple(error["loc"])
     if kind == "extra_forbidden":
@@ -145,7 +153,8 @@ def _message(error: Any) -> str:
             new, note = renamed[str(loc[-1])]
             return f"renamed (did you mean {new}?): {new} is {note}"
         known = [f.alias or n for n, f in model.model_fields.items()] if model else []
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        close = [FIELD_HINTS[str(loc[-1])]] if str(loc[-1]) in FIELD_HINTS else []
+        close = close or difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         return f"unknown field{hint}; known fields here: {', '.join(known)}" if known else "unknown field"
     if kind == "missing":

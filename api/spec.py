@@ -22,13 +22,21 @@ from kuberl.api.enums import (
 from kuberl.api.limits import MAX_BATCH, MAX_COEFFICIENT, MAX_DURATION_SECONDS, MAX_SEED, MAX_STEPS, MAX_STREAK
 from kuberl.api.resources import ResourcesSpec
 from kuberl.api.rules import CHECKPOINT_RULES, REWARD_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
+from kuberl.api.tracking import TrackingSpec
 
 #: Schemes a model or data location may use; anything else is refused at the door.
 #: tiny://NAME is a small model kuberl builds locally with random weights (demos and tests; no download).
 MODEL_URI_SCHEMES = ("hf", "s3", "gs", "file", "tiny")
 #: Reward functions that ship with kuberl (module `kuberl.runtime.rewards.builtin`).
-BUILTIN_REWARDS = ("math_exact", "math_numeric", "format_answer_tag", "tiny_task")
-FUNCTION_REF_PATTERN = r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*|[a-z][a-z0-9_]*)$"
+BUILTIN_REWARDS = ("math_exact", "math_numeric", "format_answer_tag", "tiny_task", "by_data_source", "math_verify")
+#: A built-in name, `package.module:function`, or a Python file `path/to/file.py[:function]` (verl's
+#: custom_reward_function.path and .name; the function defaults to compute_score, as in verl).
+FUNCTION_REF_PATTERN = (
+    r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*|[a-z][a-z0-9_]*"
+    r"|[^\s:]+\.py(:[A-Za-z_][A-Za-z0-9_]*)?)$"
+)
+#: The most files one data split may list.
+MAX_DATA_FILES = 256
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 #: Words that mark an environment variable as a credential, which belongs in a Secret.
@@ -309,8 +317,14 @@ class RewardSpec(KuberlModel):
     function: str | None = Field(
         None,
         pattern=FUNCTION_REF_PATTERN,
-        description="A built-in reward (" + ", ".join(BUILTIN_REWARDS) + ") or `package.module:function` "
-        "returning a score, or (score, metrics), for (completion, sample).",
+        description="A built-in reward (" + ", ".join(BUILTIN_REWARDS) + "), `package.module:function`, or a "
+        "Python file `path/to/reward.py[:function]` (function default: compute_score; a relative path is read "
+        "from the manifest's folder, so on Kubernetes give a path inside the image or a mounted volume). "
+        "by_data_source scores each sample with verl's default scorer for its data_source (openai/gsm8k, "
+        "lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, math_dapo, aime*) against "
+        "reward_model.ground_truth. A function takes kuberl's (completion, sample) or verl's "
+        "(data_source, solution_str, ground_truth, extra_info) - told apart by a parameter named solution_str - "
+        "and returns a score, (score, metrics), or verl's {score: ..., other: ...}.",
     )
     model: RewardModelSpec | None = Field(None, description="A sequence-classification reward model.")
     endpoint: RewardEndpointSpec | None = Field(None, description="An HTTP reward service.")
@@ -354,11 +368,12 @@ class RewardSpec(KuberlModel):
     @field_validator("function")
     @classmethod
     def _builtin_exists(cls, value: str | None) -> str | None:
-        if value is not None and ":" not in value and value not in BUILTIN_REWARDS:
+        if value is not None and ":" not in value and not value.endswith(".py") and value not in BUILTIN_REWARDS:
             raise PydanticCustomError(
                 "unknown_reward",
-                "unknown built-in reward {name!r}; built-ins are {known}, or name your own as package.module:function",
-                {"name": value, "known": ", ".join(BUILTIN_REWARDS)},
+                "unknown built-in reward {name}; built-ins are {known}, or name your own as "
+                "package.module:function or path/to/file.py:function",
+                {"name": repr(value), "known": ", ".join(BUILTIN_REWARDS)},
             )
         return value
 
@@ -458,15 +473,23 @@ class RolloutSpec(KuberlModel):
 
 
 class DataSpec(KuberlModel):
-    """Prompts: where they are and how they become model input."""
+    """Prompts: where they are and how they become model input.
 
-    train: str = Field(description="Training prompts: a .jsonl or .parquet file (or a directory of them).")
-    validation: str | None = Field(
+    Records may be kuberl's plain `{prompt, answer}` or verl's preprocessed layout (`prompt` as a list of
+    chat messages, `data_source`, `reward_model: {ground_truth}`, `extra_info`), in parquet or JSONL; each
+    record travels whole with its samples to the reward.
+    """
+
+    train: str | list[str] = Field(
+        description="Training prompts: a .jsonl or .parquet file, a directory of them, or a list of files and "
+        "directories (read in the order given, as verl's data.train_files)."
+    )
+    validation: str | list[str] | None = Field(
         None,
-        description="Validation prompts, same format. Each is answered greedily once and sampled groupSize "
-        "times at the rollout temperature; the job reports val/greedy_mean, val/mean@k, and for a reward "
-        "that is 0 or 1 val/pass@k and val/maj@k. Scored every training.validationEverySteps steps and after "
-        "the last step.",
+        description="Validation prompts, same formats (a file, a directory or a list, as verl's data.val_files). "
+        "Each is answered greedily once and sampled groupSize times at the rollout temperature; the job reports "
+        "val/greedy_mean, val/mean@k, and for a reward that is 0 or 1 val/pass@k and val/maj@k. Scored every "
+        "training.validationEverySteps steps and after the last step.",
     )
     prompt_field: str = Field(
         "prompt", min_length=1, description="Record field holding the prompt (a string, or a list of chat messages)."
@@ -477,14 +500,31 @@ class DataSpec(KuberlModel):
     overlong_prompt: OverlongPrompt = Field(
         OverlongPrompt.ERROR,
         description="A prompt over maxPromptLength: error (fail at start, naming the record), "
-        "truncate_left (keep its end) or truncate_right (keep its start).",
+        "truncate_left (keep its end), truncate_right (keep its start) or drop (leave it out of the split, as "
+        "verl's filter_overlong_prompts; the count is logged at start and reported every step as "
+        "data/dropped_overlong_prompts and data/dropped_overlong_validation_prompts).",
     )
     shuffle: bool = Field(True, description="Shuffle prompts each epoch, deterministically from training.seed.")
 
     @field_validator("train", "validation")
     @classmethod
-    def _is_a_location(cls, value: str | None) -> str | None:
-        return None if value is None else check_location(value, "data location")
+    def _are_locations(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if value is None or isinstance(value, str):
+            return None if value is None else check_location(value, "data location")
+        if not value:
+            raise PydanticCustomError("no_data_files", "give at least one file or directory")
+        if len(value) > MAX_DATA_FILES:
+            raise PydanticCustomError(
+                "too_many_data_files",
+                "at most {most} locations; put the files in a directory",
+                {"most": MAX_DATA_FILES},
+            )
+        return [check_location(location, "data location") for location in value]
+
+    def locations(self, split: str) -> list[str]:
+        """The files and directories of a split ("train" or "validation") as a list; [] when it is not set."""
+        value = self.train if split == "train" else self.validation
+        return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 
 class TrainingSpec(KuberlModel):
@@ -652,6 +692,9 @@ class RLJobSpec(KuberlModel):
         max_length=63,
         description="Kueue WorkloadPriorityClass of the job (label kueue.x-k8s.io/priority-class on the RayJob): "
         "its place in the queue and which jobs it may preempt. Needs queueName.",
+    )
+    tracking: TrackingSpec | None = Field(
+        None, description="Experiment tracking: send every step's metrics to Weights & Biases and/or MLflow."
     )
     image: str | None = Field(
         None,

@@ -1,4 +1,4 @@
-"""The `kuberl` command: validate, explain, crds, run, operator.
+"""The `kuberl` command: validate, explain, crds, run, convert, operator.
 
 Heavy parts (the runtime's torch and Ray, the operator's kopf) are imported only by the
 sub-commands that need them, so `kuberl validate` works from the base install.
@@ -29,10 +29,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from kuberl.api.explain import UnknownFieldPath, explain
+    from kuberl.api.explain import UnknownFieldPath, explain, explain_verl_defaults
 
     try:
-        print(explain(args.field or ""))
+        print(explain_verl_defaults() if args.verl else explain(args.field or ""))
     except UnknownFieldPath as error:
         print(f"kuberl explain: {error}", file=sys.stderr)
         return 1
@@ -78,6 +78,58 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return int(run_operator(args))
 
 
+#: `kuberl convert verl` exit code when a lost knob changes what is trained and --accept-loss was not given.
+EXIT_LOSSY_CONVERSION = 3
+
+
+def cmd_convert_verl(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+
+    import yaml
+
+    from kuberl.api import ManifestError
+    from kuberl.verl.command import LaunchError, read_launch
+    from kuberl.verl.convert import convert
+
+    if len(args.launch) > 1:  # a command line, after --
+        source, text = "the command line", shlex.join(args.launch)
+    elif args.launch == ["-"]:
+        source, text = "stdin", sys.stdin.read()
+    else:
+        source = args.launch[0]
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except OSError as error:
+            print(f"kuberl convert verl: cannot read {source}: {error.strerror}", file=sys.stderr)
+            return 1
+    bad = [item for item in args.env if "=" not in item]
+    if bad:
+        print(f"kuberl convert verl: --env {bad[0]}: write NAME=VALUE", file=sys.stderr)
+        return 1
+    environment = dict(os.environ) | dict(item.split("=", 1) for item in args.env)
+    try:
+        conversion = convert(read_launch(text, environment), name=args.name)
+    except LaunchError as error:
+        print(f"kuberl convert verl: {source}: {error}", file=sys.stderr)
+        return 1
+    except ManifestError as error:
+        print(f"kuberl convert verl: the converted job is not valid:\n{error}", file=sys.stderr)
+        return 1
+    for knob in conversion.lost:
+        print(f"lost: {knob}", file=sys.stderr)
+    if conversion.changes_training and not args.accept_loss:
+        names = ", ".join(knob.key for knob in conversion.changes_training)
+        print(
+            f"kuberl convert verl: {len(conversion.changes_training)} lost knobs change what is trained ({names}); "
+            "pass --accept-loss to print the manifest anyway",
+            file=sys.stderr,
+        )
+        return EXIT_LOSSY_CONVERSION
+    sys.stdout.write(yaml.safe_dump(conversion.manifest, sort_keys=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kuberl", description="RL post-training of language models on Kubernetes.")
     parser.add_argument("--version", action="version", version=f"kuberl {__version__}")
@@ -96,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="document a field, e.g. `kuberl explain spec.algorithm.groupSize`")
     explain.add_argument("field", nargs="?", help="dotted field path; omit for the top level")
+    explain.add_argument("--verl", action="store_true", help="list every default that differs from verl's, and why")
     explain.set_defaults(func=cmd_explain)
 
     crds = sub.add_parser("crds", help="print the RLJob CRD generated from the schema, or write it into folders")
@@ -105,6 +158,32 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an RLJob on this machine (starts a local Ray)")
     add_runtime_options(run, spec_positional=True)  # the runtime's own options (api/contract.py)
     run.set_defaults(func=cmd_run)
+
+    convert = sub.add_parser("convert", help="write another framework's launch as an RLJob manifest")
+    frameworks = convert.add_subparsers(dest="framework", required=True)
+    verl = frameworks.add_parser(
+        "verl",
+        help="a verl launch script or command line (python3 -m verl.trainer.main_ppo key=value ...) as an RLJob",
+        description="Prints the RLJob on stdout and every verl knob it cannot carry on stderr. Exits 3, printing "
+        "no manifest, when a lost knob changes what is trained, unless --accept-loss.",
+    )
+    verl.add_argument(
+        "launch",
+        nargs="+",
+        help="the .sh script or a file holding the command line (- reads stdin), or after -- the command line itself",
+    )
+    verl.add_argument("--name", help="metadata.name of the RLJob (default: from trainer.experiment_name)")
+    verl.add_argument(
+        "--accept-loss", action="store_true", help="print the manifest even if lost knobs change training"
+    )
+    verl.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a shell variable the script reads (repeatable)",
+    )
+    verl.set_defaults(func=cmd_convert_verl)
 
     operator = sub.add_parser("operator", help="run the kopf operator against the current kube context")
     operator.add_argument("--namespace", action="append", help="watch only these namespaces (repeatable)")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kuberl.api import KLPlacement
+from kuberl.api import KLPlacement, OverlongPrompt
 from kuberl.runtime.algorithm_settings import correction_config, micro_batch_sizes, policy_loss_config
 from kuberl.runtime.algorithms.advantages import AdvantageInputs, estimator_reads
 from kuberl.runtime.algorithms.correction import rollout_correction
@@ -56,6 +56,14 @@ def derive_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
 
 
+def dropped_prompt_metrics(plan: RunPlan) -> dict[str, float]:
+    """How many prompts data.overlongPrompt: drop left out of each split (constant over the run)."""
+    metrics = {"data/dropped_overlong_prompts": float(plan.loader.dataset.dropped_overlong)}
+    if plan.validation is not None:
+        metrics["data/dropped_overlong_validation_prompts"] = float(plan.validation.dropped_overlong)
+    return metrics
+
+
 @dataclass
 class StepResult:
     step: int
@@ -85,6 +93,7 @@ class Controller:
             )
         self.kl_coef = spec.algorithm.kl.coef or 0.0
         self.kl_in_reward = self.kl_coef > 0 and spec.algorithm.kl.placement == KLPlacement.REWARD
+        self.data_metrics = dropped_prompt_metrics(plan) if spec.data.overlong_prompt == OverlongPrompt.DROP else {}
         self.pad_id = plan.tokenizer.pad_token_id if plan.tokenizer.pad_token_id is not None else 0
         self.weight_version = 0  # the training step whose weights the engines hold (0: the initial model)
         self.micro = micro_batch_sizes(spec)
@@ -155,6 +164,7 @@ class Controller:
             metrics.update(timed("sync", self.sync, batch, step + 1))
             metrics.update(trained_batch_metrics(batch, engine_is_behaviour=self.spec.rollout.use_engine_logprobs))
         metrics.update(timings)
+        metrics.update(self.data_metrics)
         metrics.update(self.groups.reward.metrics())
         metrics["time/step"] = sum(timings.values())
         trained_tokens = float(batch.response_mask.sum()) if batch is not None else None

@@ -4,6 +4,12 @@ Everything that can be wrong with the data — a missing file, a bad JSON line, 
 the prompt field, a prompt over maxPromptLength — surfaces in `PromptDataset.load`, before any
 model is loaded, with the file, the line or record and the spec field in the message.
 
+A split is one location or a list of them (verl's train_files / val_files), read in the order
+given. Records are kept whole: kuberl's `{prompt, answer}` and verl's preprocessed layout
+(`prompt` as chat messages, `data_source`, `reward_model.ground_truth`, `extra_info`) reach the
+reward as they are in the file. `data.overlongPrompt: drop` leaves over-long prompts out, as
+verl's filter_overlong_prompts does, and counts them (`PromptDataset.dropped_overlong`).
+
 `PromptLoader.batch(step)` holds no iterator state: the batch of a step is computed from
 (seed, step) alone — epoch = step // steps_per_epoch, and that epoch's order is a permutation
 drawn from a torch.Generator seeded with (seed, epoch). A job resumed at step k therefore sees
@@ -12,6 +18,7 @@ exactly the prompts an uninterrupted run would, with nothing about the loader in
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,6 +31,7 @@ from kuberl.api import DataSpec
 from kuberl.api.enums import OverlongPrompt
 
 SUFFIXES = (".jsonl", ".parquet")
+log = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
@@ -45,10 +53,11 @@ class SourceRecord:
 
 
 class PromptDataset:
-    """The tokenized prompts of one split."""
+    """The tokenized prompts of one split; `dropped_overlong` counts the records data.overlongPrompt: drop left out."""
 
-    def __init__(self, prompts: list[Prompt]) -> None:
+    def __init__(self, prompts: list[Prompt], dropped_overlong: int = 0) -> None:
         self.prompts = prompts
+        self.dropped_overlong = dropped_overlong
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -62,21 +71,42 @@ class PromptDataset:
         if split not in ("train", "validation"):
             raise ValueError(f"split {split!r}; use 'train' or 'validation'")
         field = f"data.{split}"
-        location = spec.train if split == "train" else spec.validation
-        if location is None:
+        locations = spec.locations(split)
+        if not locations:
             raise DataError(f"{field} is not set; give a .jsonl or .parquet file or a directory of them")
-        records = read_records(location, field, base_dir)
+        records: list[SourceRecord] = []
+        for number, location in enumerate(locations):
+            where = field if len(locations) == 1 else f"{field}[{number}]"
+            records.extend(read_records(location, where, base_dir))
         if not records:
-            raise DataError(f"{field}: {location} holds no records; add prompts, one JSON object per line")
+            shown = locations[0] if len(locations) == 1 else ", ".join(locations)
+            raise DataError(f"{field}: {shown} holds no records; add prompts, one JSON object per line")
         texts = [render_prompt(record, i, spec, tokenizer, field) for i, record in enumerate(records)]
         # A chat template writes its own special tokens; a plain prompt gets the tokenizer's (a BOS, if any).
         encoded = tokenizer(texts, add_special_tokens=not spec.chat_template)["input_ids"]
-        prompts = []
+        prompts: list[Prompt] = []
+        dropped = 0
         for i, (record, text, ids) in enumerate(zip(records, texts, encoded, strict=True)):
+            if spec.overlong_prompt == OverlongPrompt.DROP and len(ids) > spec.max_prompt_length:
+                dropped += 1
+                continue
             kept = _fit_length(list(ids), i, record.where, spec, field, encoded)
             shown = text if len(kept) == len(ids) else tokenizer.decode(kept)
-            prompts.append(Prompt(index=i, input_ids=kept, text=shown, record=record.data))
-        return cls(prompts)
+            prompts.append(Prompt(index=len(prompts), input_ids=kept, text=shown, record=record.data))
+        if dropped:
+            log.info(
+                "%s: dropped %d of %d prompts over data.maxPromptLength %d (data.overlongPrompt: drop)",
+                field,
+                dropped,
+                len(records),
+                spec.max_prompt_length,
+            )
+        if not prompts:
+            raise DataError(
+                f"{field}: all {len(records)} prompts are over data.maxPromptLength {spec.max_prompt_length} and "
+                "data.overlongPrompt: drop left none; raise data.maxPromptLength"
+            )
+        return cls(prompts, dropped)
 
 
 def _fit_length(

@@ -36,6 +36,7 @@ from kuberl.runtime.rewards.functions import RewardConfigError
 from kuberl.runtime.rewards.pool import RewardPool
 from kuberl.runtime.status_publisher import StatusPublisher, status_metrics
 from kuberl.runtime.telemetry import PrometheusExporter
+from kuberl.runtime.tracking import Trackers, TrackingError, open_trackers
 from kuberl.runtime.validation import validation_status
 from kuberl.runtime.workers.launch import Groups, start_groups, start_ray
 
@@ -43,7 +44,13 @@ log = logging.getLogger(__name__)
 
 
 #: A job that cannot run as specified: the message names the field or file; no restart will help.
-CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (RunConfigError, DataError, ModelNotFoundError, RewardConfigError)
+CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (
+    RunConfigError,
+    DataError,
+    ModelNotFoundError,
+    RewardConfigError,
+    TrackingError,
+)
 
 
 @dataclass
@@ -177,9 +184,11 @@ class StepRecorder:
         health: RunHealth,
         reward: RewardPool,
         exporter: PrometheusExporter | None = None,
+        trackers: Trackers | None = None,
     ) -> None:
         self.plan = plan
         self.exporter = exporter
+        self.trackers = trackers or Trackers([])
         self.health = health
         self.reward = reward
         self.checkpointing = checkpointing
@@ -194,6 +203,7 @@ class StepRecorder:
         self.reporter.log_step(result.step, result.epoch, result.metrics)
         if self.exporter is not None:  # after metrics.jsonl has the step: a scrape never runs ahead of the file
             self.exporter.record(self.reporter.history[-1])
+        self.trackers.record(self.reporter.history[-1])  # wandb and MLflow get the record metrics.jsonl just got
         failure = self.health.observe(result.step + 1, result.metrics, self.reward.last_failure)
         if self.health.may_checkpoint:  # never after a NaN step: keepLast would rotate out the good ones
             self.checkpointing.after_step(result.step, result.epoch, final=final, preempted=preempted)
@@ -262,6 +272,7 @@ def _run(
     (output_dir / "job.yaml").write_text(_yaml(job.to_manifest()), encoding="utf-8")
     checkpointing = Checkpointing(job, output_dir)
     resume_from = checkpointing.start_point(restart)  # before any actor: a refusal costs no compute
+    trackers = open_trackers(job, output_dir, checkpoint_uri(job, output_dir.resolve()))  # a bad key fails here
     started_ray = start_ray(address, plan.topology)
     groups: Groups | None = None
     namespace = job.metadata.namespace or "default"
@@ -281,7 +292,7 @@ def _run(
             )
             health = RunHealth.from_spec(job.spec)
             recorder = StepRecorder(
-                plan, checkpointing, reporter, publisher, preemption, health, groups.reward, exporter
+                plan, checkpointing, reporter, publisher, preemption, health, groups.reward, exporter, trackers
             )
             recorder.export_checkpoint()  # the one resumed from
             try:
@@ -293,6 +304,7 @@ def _run(
         model_dir = checkpointing.export(plan, output_dir / "model") if job.spec.checkpoint.export_hf else None
         return RunResult(output_dir, plan.total_steps, reporter.history, model_dir, plot)
     finally:
+        trackers.close()
         if exporter is not None:
             exporter.close()
         if groups is not None:

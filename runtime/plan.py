@@ -13,6 +13,7 @@ from kuberl.api import RLJob, Role
 from kuberl.api.topology import ActorGroup, Topology, plan_topology
 from kuberl.runtime.data import PromptDataset, PromptLoader
 from kuberl.runtime.models.resolve import resolve_model_path
+from kuberl.runtime.rewards.checks import check_reward_inputs, resolved_reward_file
 
 
 class Tokenizer(Protocol):
@@ -94,6 +95,8 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
     validation = None
     if spec.data.validation is not None:
         validation = PromptDataset.load(spec.data, tokenizer, base_dir, split="validation")
+    spec.reward = resolved_reward_file(spec.reward, base_dir)  # the workers load it from anywhere
+    check_reward_inputs(spec.reward, {"data.train": dataset, "data.validation": validation})
     return RunPlan(
         job, output_dir, base_dir, paths, tokenizer_path, tokenizer, loader, topology, mini_batches, validation
     )

@@ -2,8 +2,13 @@
 
 A reward function is pure: `(completion, sample) -> score` or `-> (score, metrics)`, where
 `completion` is the generated text (prompt excluded) and `sample` the prompt's raw data record
-(its `answer` and whatever else the dataset carries). No I/O, no clock, no globals, so a
+(its expected answer and whatever else the dataset carries). No I/O, no clock, no globals, so a
 reward can be replayed and table-tested. The examples in the docstrings run as doctests.
+
+The expected answer is the record's `answer`, or verl's `reward_model.ground_truth` (rewards/sample.py),
+so kuberl's and verl's data layouts score alike. `by_data_source` applies verl's default scorer of each
+sample's `data_source` (rewards/verl_scorers.py); `math_verify` compares answers symbolically
+(rewards/symbolic.py).
 
 Answer extraction (math_exact, math_numeric) takes the completion's final answer from, in
 order: the last `\\boxed{...}`, the text after the last `####` (GSM8K), the last
@@ -17,6 +22,10 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
+
+from kuberl.runtime.rewards.sample import require_ground_truth
+from kuberl.runtime.rewards.symbolic import math_verify
+from kuberl.runtime.rewards.verl_scorers import by_data_source
 
 #: What a reward function looks like; `kuberl.runtime.rewards.functions.score_safely` checks what it returns.
 RewardFn = Callable[[str, dict[str, Any]], float | tuple[float, dict[str, float]]]
@@ -101,10 +110,12 @@ def parse_number(answer: str) -> float | None:
 
 
 def reference_answer(sample: dict[str, Any]) -> str:
-    """The expected answer of a record: `sample["answer"]`, extracted when it is a worked solution."""
-    if "answer" not in sample:
-        raise KeyError(f"the sample has no 'answer' field (its fields: {', '.join(sorted(sample)) or 'none'})")
-    answer = str(sample["answer"])
+    """The expected answer of a record (`answer`, else `reward_model.ground_truth`), extracted from a worked solution.
+
+    >>> reference_answer({"answer": "3 + 4 = 7 #### 7"}), reference_answer({"reward_model": {"ground_truth": "72"}})
+    ('7', '72')
+    """
+    answer = str(require_ground_truth(sample))
     if "####" in answer or "\\boxed{" in answer:
         return extract_final_answer(answer) or answer
     return answer
@@ -201,4 +212,9 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "math_numeric": math_numeric,
     "format_answer_tag": format_answer_tag,
     "tiny_task": tiny_task,
+    "by_data_source": by_data_source,
+    "math_verify": math_verify,
 }
+
+#: Built-ins that compare with the record's expected answer: a record without one stops the job at start.
+NEEDS_GROUND_TRUTH = frozenset({"math_exact", "math_numeric", "tiny_task", "by_data_source", "math_verify"})

@@ -1,19 +1,35 @@
 """Finding a reward function by name and calling it so that one bad sample never ends the job.
 
-`reward.function` in a manifest is a built-in name (`tiny_task`) or `package.module:function`.
-`load_reward_function` resolves it once at start, so a typo fails the job before any GPU time
-is spent. `score_safely` wraps every call: a user's function that raises, returns NaN, a
-string or a malformed tuple fails that one sample (score 0.0, the reason in `error`, one log
-line) and the batch goes on; the controller counts the failures in its metrics.
+`reward.function` in a manifest is a built-in name (`tiny_task`), `package.module:function`, or a
+Python file `path/to/reward.py[:function]` (verl's custom_reward_function.path and .name; the name
+defaults to compute_score as in verl). `load_reward_function` resolves it once at start, so a typo
+fails the job before any GPU time is spent.
+
+Two signatures are accepted. kuberl's is `(completion, sample)`; verl's is `(data_source, solution_str,
+ground_truth, extra_info, **kwargs)`, recognised by a parameter named `solution_str` and called with
+keywords as verl's reward managers call it, with the values read from the sample's record
+(rewards/sample.py). Either may return a score, `(score, {metric: value})`, or verl's
+`{"score": score, name: value, ...}` (its numeric entries become metrics; others, such as a predicted
+answer string, are not numbers and are left out).
+
+`score_safely` wraps every call: a user's function that raises, returns NaN, a string or a malformed
+tuple fails that one sample (score 0.0, the reason in `error`, one log line) and the batch goes on;
+the controller counts the failures in its metrics.
 """
 
+import hashlib
 import importlib
+import importlib.util
+import inspect
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kuberl.runtime.rewards.builtin import BUILTIN_REWARDS, RewardFn
+from kuberl.runtime.rewards.sample import data_source, extra_info, ground_truth
 
 logger = logging.getLogger(__name__)
 
@@ -31,35 +47,115 @@ class RewardResult:
     error: str | None = None
 
 
+#: The function a reward file names when the reference gives none (verl's custom_reward_function.name default).
+DEFAULT_FILE_FUNCTION = "compute_score"
+
+
+def split_file_reference(ref: str) -> tuple[str, str] | None:
+    """(file, function) of a `path/to/reward.py[:function]` reference; None for a built-in or module reference.
+
+    >>> split_file_reference("rewards/gsm8k.py"), split_file_reference("/r/my.py:score"), split_file_reference("a.b:c")
+    (('rewards/gsm8k.py', 'compute_score'), ('/r/my.py', 'score'), None)
+    """
+    path, _, attribute = ref.rpartition(":") if not ref.endswith(".py") else (ref, "", "")
+    if not path.endswith(".py"):
+        return None
+    return path, attribute or DEFAULT_FILE_FUNCTION
+
+
 def load_reward_function(ref: str, field: str = "spec.reward.function") -> RewardFn:
-    """The reward function a manifest names: a built-in, or `package.module:function` imported from the image."""
-    if ":" not in ref:
+    """The reward function a manifest names (a built-in, `package.module:function`, or `file.py[:function]`),
+    as a kuberl `(completion, sample)` function: a verl-signature function comes wrapped."""
+    if ":" not in ref and not ref.endswith(".py"):
         if ref in BUILTIN_REWARDS:
             return BUILTIN_REWARDS[ref]
         raise RewardConfigError(
             f"{field}: unknown built-in reward {ref!r}; built-ins are {', '.join(BUILTIN_REWARDS)}, "
-            "or name your own as package.module:function"
+            "or name your own as package.module:function or path/to/reward.py:function"
         )
-    module_name, _, attribute = ref.partition(":")
+    in_file = split_file_reference(ref)
+    module_name, attribute = in_file if in_file is not None else ref.split(":", 1)
+    module = _load_file(module_name, ref, field) if in_file is not None else _import(module_name, ref, field)
+    function = getattr(module, attribute, None)
+    if function is None:
+        raise RewardConfigError(
+            f"{field}: {'file' if in_file else 'module'} {module_name!r} has no attribute {attribute!r} "
+            f"(reward {ref!r}); check the function name after the colon"
+        )
+    if not callable(function):
+        raise RewardConfigError(
+            f"{field}: {ref!r} is a {type(function).__name__}, not a function; "
+            "name a function (completion, sample) -> score, or verl's (data_source, solution_str, ground_truth, "
+            "extra_info)"
+        )
+    return verl_adapter(function) if takes_verl_arguments(function) else function
+
+
+def _import(module_name: str, ref: str, field: str) -> Any:
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ImportError as error:
         raise RewardConfigError(
             f"{field}: cannot import module {module_name!r} for reward {ref!r} ({error}); install the package "
             "in the runtime image or put it on PYTHONPATH (spec.env)"
         ) from error
-    function = getattr(module, attribute, None)
-    if function is None:
+
+
+def _load_file(path: str, ref: str, field: str) -> Any:
+    """Executes a reward file as a module of its own (named after its path, so two files never collide)."""
+    file = Path(path)
+    if not file.is_file():
         raise RewardConfigError(
-            f"{field}: module {module_name!r} has no attribute {attribute!r} (reward {ref!r}); "
-            "check the function name after the colon"
+            f"{field}: reward file {path} does not exist (reward {ref!r}); a relative path is read from the "
+            "manifest's folder; on Kubernetes put the file in the image or on a mounted volume"
         )
-    if not callable(function):
+    name = f"kuberl_reward_{file.stem}_{hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None  # a .py file always has a source loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it: dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
         raise RewardConfigError(
-            f"{field}: {ref!r} is a {type(function).__name__}, not a function; "
-            "name a function (completion, sample) -> score"
-        )
-    return function  # type: ignore[no-any-return]
+            f"{field}: reward file {path} failed to load ({type(error).__name__}: {error})"
+        ) from error
+    return module
+
+
+def takes_verl_arguments(function: Any) -> bool:
+    """verl's reward signature: a parameter named solution_str (verl calls its reward functions by keyword)."""
+    try:
+        return "solution_str" in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
+def verl_adapter(function: Any) -> RewardFn:
+    """A kuberl reward that calls a verl-signature function as verl's reward managers do, by keyword.
+
+    >>> def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    ...     return {"score": float(solution_str.strip() == ground_truth), "pred": solution_str, "split": 1}
+    >>> verl_adapter(compute_score)(" 72", {"data_source": "openai/gsm8k", "reward_model": {"ground_truth": "72"}})
+    {'score': 1.0, 'pred': ' 72', 'split': 1}
+    """
+    parameters = inspect.signature(function).parameters
+    open_ended = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+    def call_verl_reward(completion: str, sample: dict[str, Any]) -> Any:
+        arguments = {
+            "data_source": data_source(sample),
+            "solution_str": completion,
+            "ground_truth": ground_truth(sample),
+            "extra_info": extra_info(sample),
+        }
+        return function(**{k: v for k, v in arguments.items() if open_ended or k in parameters})
+
+    call_verl_reward.__qualname__ = getattr(function, "__qualname__", "verl reward")
+    return call_verl_reward
 
 
 class _MalformedReturn(ValueError):
@@ -84,6 +180,11 @@ def _as_float(value: Any) -> float | None:
 
 def _check_result(result: Any) -> RewardResult:
     """RewardResult for a well-formed return value; raises _MalformedReturn naming what is wrong otherwise."""
+    if isinstance(result, dict):  # verl's {"score": ..., "acc": ..., "pred": "..."}: the numbers are metrics
+        if "score" not in result:
+            raise _MalformedReturn(f"returned {_preview(result)}; a dict needs a 'score' entry (verl's form)")
+        extra = {k: v for k, v in result.items() if k != "score" and _as_float(v) is not None}
+        result = (result["score"], extra)
     if isinstance(result, tuple):
         if len(result) != 2 or not isinstance(result[1], dict):
             raise _MalformedReturn(f"returned {_preview(result)}; expected a score or (score, {{metric: value}})")

@@ -15,6 +15,7 @@ from kuberl.api import RewardSpec
 from kuberl.runtime.rewards.endpoint import RewardEndpointClient
 from kuberl.runtime.rewards.functions import RewardResult
 from kuberl.runtime.rewards.isolated import IsolatedRewardFunction
+from kuberl.runtime.workers.group import worker_device
 
 
 class RewardWorker:
@@ -34,7 +35,9 @@ class RewardWorker:
             from kuberl.runtime.rewards.model import RewardModelScorer
 
             assert model_path is not None
-            self.model = RewardModelScorer(Path(model_path), spec.model.dtype.value, spec.model.batch_size)
+            # the GPU the pool's Ray actor was given (resources.reward.gpus), else the CPU
+            device = str(worker_device())
+            self.model = RewardModelScorer(Path(model_path), spec.model.dtype.value, spec.model.batch_size, device)
         else:
             assert spec.endpoint is not None  # RewardSpec holds exactly one of the three
             self.endpoint = RewardEndpointClient.from_spec(spec.endpoint)

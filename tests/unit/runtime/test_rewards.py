@@ -112,7 +112,7 @@ def test_math_rewards_score_garbage_zero(reward, completion: str) -> None:
 
 
 def test_math_reward_without_an_answer_field_names_the_fields_it_has() -> None:
-    with pytest.raises(KeyError, match="no 'answer' field.*prompt, solution"):
+    with pytest.raises(KeyError, match="no expected answer in answer or reward_model.ground_truth.*prompt, solution"):
         math_exact("18", {"prompt": "q", "solution": "18"})
 
 
@@ -302,7 +302,7 @@ def test_score_batch_refuses_unpaired_lists() -> None:
 
 def test_builtin_reward_without_an_answer_is_one_failed_sample_not_a_crash() -> None:
     result = score_safely(tiny_task, "6 7 8", {"prompt": "count: 3 4 5"})
-    assert result.score == 0.0 and "no 'answer' field" in (result.error or "")
+    assert result.score == 0.0 and "no expected answer in answer or reward_model.ground_truth" in (result.error or "")
 
 
 # ----------------------------------------------------------------------------- load_reward_function
