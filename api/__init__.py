@@ -23,6 +23,7 @@ from kuberl.api.enums import (
     RolloutEngine,
     RolloutPlacement,
 )
+from kuberl.api.environment import BUILTIN_ENVIRONMENTS, EnvironmentSpec
 from kuberl.api.manifest import (
     API_VERSION,
     GROUP,
@@ -54,6 +55,7 @@ from kuberl.api.status import Condition, Metrics, Progress, RLJobStatus, Validat
 __all__ = [
     "ALGORITHM_PRESETS",
     "API_VERSION",
+    "BUILTIN_ENVIRONMENTS",
     "BUILTIN_REWARDS",
     "GROUP",
     "KIND",
@@ -70,6 +72,7 @@ __all__ = [
     "ComputeDType",
     "DType",
     "DataSpec",
+    "EnvironmentSpec",
     "KLEstimator",
     "KLPlacement",
     "KLSpec",

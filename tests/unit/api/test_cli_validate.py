@@ -192,3 +192,14 @@ def test_the_gitops_guide_documents_the_hook_as_it_is_shipped():
     guide = (REPO / "docs" / "gitops.md").read_text()
     assert f"id: {pre_commit_hook()['id']}" in guide
     assert "kuberl validate --quiet --only-rljobs" in guide and pre_commit_hook()["entry"] in guide
+
+
+def test_explain_documents_every_field_of_the_environment(capsys):
+    assert main(["explain", "spec.environment"]) == 0
+    overview = capsys.readouterr().out
+    assert "only the model's tokens train" in overview and "<python>code</python>" in overview
+    for field in ("name", "maxTurns", "maxTokensPerTurn", "maxEpisodeTokens", "toolTimeoutSeconds", "toolMemoryMib"):
+        assert main(["explain", f"spec.environment.{field}"]) == 0
+        text = capsys.readouterr().out
+        description = text.split("DESCRIPTION:")[1].strip()
+        assert len(description) > 40, f"spec.environment.{field} is not documented: {text}"
