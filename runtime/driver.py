@@ -28,6 +28,7 @@ from kuberl.runtime.checkpoint import CheckpointRef, CheckpointStore, Preemption
 from kuberl.runtime.checkpoint.policy import Start, start_from
 from kuberl.runtime.controller import Controller, StepResult
 from kuberl.runtime.data import DataError
+from kuberl.runtime.environments.registry import EnvironmentConfigError
 from kuberl.runtime.health import JobFailed, RunHealth
 from kuberl.runtime.metrics import RunReporter
 from kuberl.runtime.models.resolve import ModelNotFoundError, default_cache_dir
@@ -43,7 +44,13 @@ log = logging.getLogger(__name__)
 
 
 #: A job that cannot run as specified: the message names the field or file; no restart will help.
-CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (RunConfigError, DataError, ModelNotFoundError, RewardConfigError)
+CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (
+    RunConfigError,
+    DataError,
+    ModelNotFoundError,
+    RewardConfigError,
+    EnvironmentConfigError,
+)
 
 
 @dataclass

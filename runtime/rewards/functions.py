@@ -106,6 +106,18 @@ def _check_result(result: Any) -> RewardResult:
     return RewardResult(score, metrics)
 
 
+def checked_reward(value: Any, source: str) -> RewardResult:
+    """A RewardResult from what a reward (or an environment's `reward`) returned; never raises.
+
+    A value that is not a finite score or (score, metrics) fails the sample, the reason naming `source`.
+    """
+    try:
+        return _check_result(value)
+    except _MalformedReturn as error:
+        logger.warning("%s failed on a sample, scored 0.0: %s", source, error)
+        return RewardResult(0.0, {}, error=f"{source} {error}")
+
+
 def score_safely(fn: RewardFn, completion: str, sample: dict[str, Any]) -> RewardResult:
     """Calls a reward function on one sample; never raises. A failure scores 0.0 and carries its reason."""
     name = getattr(fn, "__qualname__", repr(fn))

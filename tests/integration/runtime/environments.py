@@ -1,0 +1,50 @@
+"""Environments for the runtime tests, named in manifests as tests.integration.runtime.environments:NAME.
+
+Each one is a real Environment run by the real environment workers; they differ from a production
+environment only in being simple enough that a random tiny model exercises every path.
+"""
+
+import time
+
+from kuberl.runtime.environments import Environment, ModelTurn, Observation
+
+
+class Replies(Environment):
+    """Answers every message with a short user reply, so episodes run to maxTurns; a record's `delay`
+    makes its episodes' first step take that many seconds (a slow tool)."""
+
+    def step(self, turn: ModelTurn) -> Observation:
+        delay = float(self.sample.get("delay", 0.0))
+        if delay and not getattr(self, "waited", False):
+            self.waited = True
+            time.sleep(delay)
+        return Observation.user(" ok.")
+
+
+class FailsOnSecondTurn(Environment):
+    """Raises on the second message of episodes whose record says so: an environment with a bug."""
+
+    def __init__(self, sample, settings) -> None:
+        super().__init__(sample, settings)
+        self.turns = 0
+
+    def step(self, turn: ModelTurn) -> Observation:
+        self.turns += 1
+        if self.turns == 2 and self.sample.get("fail"):
+            raise RuntimeError("the environment broke")
+        return Observation.user(" again.")
+
+
+class ScoresTurns(Environment):
+    """Gives its own reward: the number of messages the model wrote, so rewards are known by turn count."""
+
+    def __init__(self, sample, settings) -> None:
+        super().__init__(sample, settings)
+        self.turns = 0
+
+    def step(self, turn: ModelTurn) -> Observation:
+        self.turns += 1
+        return Observation.end() if self.turns >= int(self.sample.get("stop_after", 2)) else Observation.user(" more.")
+
+    def reward(self, final: ModelTurn) -> float:
+        return float(self.turns)
