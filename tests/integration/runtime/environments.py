@@ -4,6 +4,7 @@ Each one is a real Environment run by the real environment workers; they differ 
 environment only in being simple enough that a random tiny model exercises every path.
 """
 
+import threading
 import time
 
 from kuberl.runtime.environments import Environment, ModelTurn, Observation
@@ -48,3 +49,26 @@ class ScoresTurns(Environment):
 
     def reward(self, final: ModelTurn) -> float:
         return float(self.turns)
+
+
+class WaitsForTheOthers(Environment):
+    """A slow tool, provoked rather than timed: an episode whose record has `wait_for` blocks its first
+    step until that many other episodes of the same worker have ended (or 60 s pass). A rollout that
+    held the other episodes back until this step came back could never satisfy it."""
+
+    ended = 0
+    condition = threading.Condition()
+
+    def step(self, turn: ModelTurn) -> Observation:
+        wait_for = int(self.sample.get("wait_for", 0))
+        if wait_for and not getattr(self, "waited", False):
+            self.waited = True
+            with WaitsForTheOthers.condition:
+                WaitsForTheOthers.condition.wait_for(lambda: WaitsForTheOthers.ended >= wait_for, timeout=60)
+        return Observation.user(" ok.")
+
+    def reward(self, final: ModelTurn) -> None:
+        with WaitsForTheOthers.condition:
+            WaitsForTheOthers.ended += 1
+            WaitsForTheOthers.condition.notify_all()
+        return None
