@@ -72,3 +72,18 @@ class WaitsForTheOthers(Environment):
             WaitsForTheOthers.ended += 1
             WaitsForTheOthers.condition.notify_all()
         return None
+
+
+class FlakyReplies(Environment):
+    """Replies like `Replies`, but breaks on the second message of prompts whose first number is a multiple
+    of 5: a deterministic share of every batch are failed samples."""
+
+    def __init__(self, sample, settings) -> None:
+        super().__init__(sample, settings)
+        self.turns = 0
+
+    def step(self, turn: ModelTurn) -> Observation:
+        self.turns += 1
+        if self.turns == 2 and int(self.sample["prompt"].split()[1]) % 5 == 0:
+            raise RuntimeError("flaky environment")
+        return Observation.user(" ok.")

@@ -5,7 +5,6 @@ writes, so every path of the scheduler runs: turns, budgets, environments that e
 score it, that break, and one that makes a tool slow.
 """
 
-
 import pytest
 
 from kuberl.api import EnvironmentSpec, RoleResources
