@@ -9,8 +9,9 @@
 Episode `row` lives on worker `row % size` for its whole episode (environments hold state). The pool
 is the topology's environment group (api/topology.py): `resources.reward.replicas` workers (1 on the
 head without a reward pool), each asking for a unit of the reward pool's resource, so on Kubernetes
-the environments (and the sandboxed processes their tools start) run in the reward pods. It does not scale while a job runs: episodes are pinned to their worker. A worker
-that dies fails the episodes it held (failed samples); `begin` replaces it before the next rollout.
+the environments (and the sandboxed processes their tools start) run in the reward pods. It does not
+scale while a job runs: episodes are pinned to their worker. A worker that dies
+fails the episodes it held (failed samples); `begin` replaces it before the next rollout.
 """
 
 import logging

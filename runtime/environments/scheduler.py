@@ -39,7 +39,8 @@ from kuberl.runtime.rewards.functions import RewardResult
 
 
 class Engines(Protocol):
-    size: int
+    @property
+    def size(self) -> int: ...
 
     def submit(self, rank: int, prompts: list[list[int]], params: SamplingParams) -> Any: ...
 

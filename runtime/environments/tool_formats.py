@@ -43,9 +43,13 @@ class ToolFormatError(ValueError):
 
 
 class ToolFormat(Protocol):
-    name: str
-    #: Strings that end a message (the tagged format stops at a call's closing tag).
-    stop: tuple[str, ...]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        """Strings that end a message (the tagged format stops at a call's closing tag)."""
+        ...
 
     def read(self, text: str, cut: bool) -> ModelTurn: ...
 

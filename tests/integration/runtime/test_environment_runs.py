@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kuberl.runtime.main import run_job
+from kuberl.api.contract import ExitCode
+from kuberl.runtime.driver import run_job
 from tests.conftest import REPO
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
-from tests.integration.runtime.test_resume import EXIT_RESUMABLE, losses, model_bytes, steps_done, wait_for_steps
+from tests.integration.runtime.test_resume import losses, model_bytes, steps_done, wait_for_steps
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 6
@@ -82,7 +83,7 @@ def test_a_preempted_environment_job_resumes_bit_identically(tmp_path, ray_sessi
     wait_for_steps(run, output, 3)
     run.send_signal(signal.SIGTERM)
     log, _ = run.communicate(timeout=120)
-    assert run.returncode == EXIT_RESUMABLE, log
+    assert run.returncode == ExitCode.RESUMABLE, log
     stopped_at = steps_done(output)
     assert stopped_at < STEPS
     again = start(job, output, address)

@@ -8,13 +8,13 @@ score it, that break, and one that makes a tool slow.
 import pytest
 
 from kuberl.api import EnvironmentSpec, RoleResources
+from kuberl.api.topology import environment_group, rollout_group
 from kuberl.runtime.data import Prompt
 from kuberl.runtime.environments.pool import EnvironmentPool
 from kuberl.runtime.environments.rollout import EpisodeRollout
-from kuberl.runtime.main import cache_dir
-from kuberl.runtime.models.resolve import resolve_model_path
+from kuberl.runtime.models.resolve import default_cache_dir, resolve_model_path
 from kuberl.runtime.rollout import Engines
-from kuberl.runtime.workers.group import GroupResources, WorkerGroup
+from kuberl.runtime.workers.group import WorkerGroup
 from kuberl.runtime.workers.rollout_worker import RolloutWorker
 from tests.integration.runtime.jobs import demo_job
 
@@ -26,13 +26,13 @@ GROUP_SIZE = 2
 
 @pytest.fixture(scope="module")
 def model_path() -> str:
-    return str(resolve_model_path("tiny://demo", cache_dir() / "models", "test"))
+    return str(resolve_model_path("tiny://demo", default_cache_dir(), "test"))
 
 
 @pytest.fixture(scope="module")
 def engines(ray_session, model_path):
     job = demo_job(**{"rollout.engine": "hf"})
-    group = WorkerGroup(RolloutWorker, "rollout", GroupResources(1, 0.5, 0, worker_per_replica=True))
+    group = WorkerGroup(RolloutWorker, rollout_group(RoleResources(replicas=1, cpus=0.5)))
     group.call("setup", job.to_manifest(), model_path, model_path, 1)
     yield Engines(actor=None, rollout=group)
     group.kill()
@@ -49,7 +49,7 @@ def episodes_of(environment: dict, engines, tokenizer, records: list[dict], *, g
     """A rollout of one step over `records` (a prompt each); returns the stage, its batch and metrics."""
     changes = {"rollout.engine": "hf", "rollout.maxNewTokens": 6, "algorithm.groupSize": group_size}
     spec = demo_job(**changes, environment=environment).spec
-    pool = EnvironmentPool(EnvironmentSpec.model_validate(environment), RoleResources(replicas=1, cpus=0.5))
+    pool = EnvironmentPool(EnvironmentSpec.model_validate(environment), environment_group(RoleResources(cpus=1)))
     try:
         stage = EpisodeRollout(spec, tokenizer, engines, pool, group_size, tokenizer.pad_token_id)
         prompts = [
