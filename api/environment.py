@@ -24,8 +24,10 @@ ENVIRONMENT_DESCRIPTION = (
     "data.chatTemplate: true), otherwise in the tagged format <python>code</python>, answered with "
     "<output>...</output> or <error>...</error>. A malformed call is answered with an error the model reads; it "
     "never ends the episode. The reward is the environment's own, or spec.reward scoring the model's final "
-    "message; an environment that fails makes its episode a failed sample. Environments run in the reward "
-    "pool's workers (resources.reward). Default: none, one response per prompt."
+    "message; an environment that fails makes its episode a failed sample. Environments run on the reward pool's "
+    "pods (resources.reward), one environment worker per pod beside its reward worker, the pod's CPUs split "
+    "between the two (on the Ray head without a reward pool); resources.reward.podTemplate can set a "
+    "runtimeClassName such as gVisor for them (docs/security.md). Default: none, one response per prompt."
 )
 
 
