@@ -1,7 +1,8 @@
 """Starting the job's Ray and its worker groups where the topology places them (api/topology.py).
 
     started = start_ray(address, plan.topology)  # join a cluster, or start a Ray offering every pool's resource
-    groups = start_groups(plan)                  # the model groups and rollout engines set up; the reward pool
+    groups = start_groups(plan)                  # the model groups and rollout engines set up; the reward pool,
+                                                 # and the environment workers when the job has spec.environment
     ...
     groups.shutdown()
 

@@ -47,6 +47,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_examples_exist_for_each_documented_scenario():
     names = {path.stem for path in EXAMPLES}
     assert {"tiny-grpo", "grpo-7b-vllm", "ppo-critic", "separate-rollout-elastic-reward"} <= names
+    assert {"agent-python-tool", "agent-python-tool-7b"} <= names  # multi-turn with the python tool: CPU, GPU
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[path.name for path in EXAMPLES])
