@@ -4,10 +4,9 @@ As reward functions (rewards/functions.py), resolved once at start, so a typo fa
 any compute is spent.
 """
 
-import importlib
-
 from kuberl.runtime.environments.base import Environment
 from kuberl.runtime.environments.python import PythonEnvironment
+from kuberl.runtime.user_code import resolve_reference
 
 BUILTIN_ENVIRONMENTS: dict[str, type[Environment]] = {"python": PythonEnvironment}
 
@@ -17,27 +16,7 @@ class EnvironmentConfigError(ValueError):
 
 
 def load_environment(ref: str, field: str = "spec.environment.name") -> type[Environment]:
-    if ":" not in ref:
-        if ref in BUILTIN_ENVIRONMENTS:
-            return BUILTIN_ENVIRONMENTS[ref]
-        raise EnvironmentConfigError(
-            f"{field}: unknown built-in environment {ref!r}; built-ins are {', '.join(BUILTIN_ENVIRONMENTS)}, "
-            "or name your own as package.module:Class"
-        )
-    module_name, _, attribute = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise EnvironmentConfigError(
-            f"{field}: cannot import module {module_name!r} for environment {ref!r} ({error}); install the "
-            "package in the runtime image or put it on PYTHONPATH (spec.env)"
-        ) from error
-    found = getattr(module, attribute, None)
-    if found is None:
-        raise EnvironmentConfigError(
-            f"{field}: module {module_name!r} has no attribute {attribute!r} (environment {ref!r}); "
-            "check the class name after the colon"
-        )
+    found = resolve_reference(ref, BUILTIN_ENVIRONMENTS, field, "environment", EnvironmentConfigError, "Class")
     if not (isinstance(found, type) and issubclass(found, Environment)):
         raise EnvironmentConfigError(
             f"{field}: {ref!r} is not a subclass of kuberl.runtime.environments.Environment; "

@@ -7,13 +7,13 @@ string or a malformed tuple fails that one sample (score 0.0, the reason in `err
 line) and the batch goes on; the controller counts the failures in its metrics.
 """
 
-import importlib
 import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from kuberl.runtime.rewards.builtin import BUILTIN_REWARDS, RewardFn
+from kuberl.runtime.user_code import resolve_reference
 
 logger = logging.getLogger(__name__)
 
@@ -33,27 +33,7 @@ class RewardResult:
 
 def load_reward_function(ref: str, field: str = "spec.reward.function") -> RewardFn:
     """The reward function a manifest names: a built-in, or `package.module:function` imported from the image."""
-    if ":" not in ref:
-        if ref in BUILTIN_REWARDS:
-            return BUILTIN_REWARDS[ref]
-        raise RewardConfigError(
-            f"{field}: unknown built-in reward {ref!r}; built-ins are {', '.join(BUILTIN_REWARDS)}, "
-            "or name your own as package.module:function"
-        )
-    module_name, _, attribute = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise RewardConfigError(
-            f"{field}: cannot import module {module_name!r} for reward {ref!r} ({error}); install the package "
-            "in the runtime image or put it on PYTHONPATH (spec.env)"
-        ) from error
-    function = getattr(module, attribute, None)
-    if function is None:
-        raise RewardConfigError(
-            f"{field}: module {module_name!r} has no attribute {attribute!r} (reward {ref!r}); "
-            "check the function name after the colon"
-        )
+    function = resolve_reference(ref, BUILTIN_REWARDS, field, "reward", RewardConfigError, "function")
     if not callable(function):
         raise RewardConfigError(
             f"{field}: {ref!r} is a {type(function).__name__}, not a function; "
