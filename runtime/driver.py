@@ -284,7 +284,7 @@ def _run(
                 plan.total_steps,
                 start_step=start_step,
                 show_progress=progress,
-                max_new_tokens=job.spec.rollout.max_new_tokens,
+                max_new_tokens=job.spec.max_response_tokens,  # an episode: maxEpisodeTokens
             )
             health = RunHealth.from_spec(job.spec)
             recorder = StepRecorder(
