@@ -22,12 +22,14 @@ from tests.integration.runtime.test_resume import losses, model_bytes, steps_don
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 6
+PROMPTS, GROUP = 4, 8  # a step's episodes: 4 prompts x the demo's groupSize
 
 
 def environment_job():
     return demo_job(
         **{
             "training.totalSteps": STEPS,
+            "data.batchSize": PROMPTS,
             "rollout.maxNewTokens": 6,
             "environment": {
                 "name": "tests.integration.runtime.environments:FlakyReplies",
@@ -63,9 +65,9 @@ def test_an_environment_job_trains_on_episodes_and_counts_broken_environments_as
     _, run = uninterrupted
     assert len(run.history) == STEPS
     for record in run.history:
-        assert record["env/episodes"] == 64 and 1 < record["env/turns_mean"] <= 3
+        assert record["env/episodes"] == PROMPTS * GROUP and 1 < record["env/turns_mean"] <= 3
         assert record["env/ended_failed"] == record["reward/failed"]  # failed samples, not zero rewards
-        assert record["env/ended_max_turns"] + record["env/ended_failed"] == 64
+        assert record["env/ended_max_turns"] + record["env/ended_failed"] == PROMPTS * GROUP
         assert record["env/observation_tokens"] > 0 and math.isfinite(record["actor/loss"])
         assert record["env/generation_seconds"] > 0 and record["env/environment_seconds"] > 0
         assert any(name.startswith("env/reward_turns_") for name in record)
