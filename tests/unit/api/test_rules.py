@@ -188,6 +188,8 @@ BROKEN = [
         {"rollout.dtype": "bfloat16", "rollout.verifySync": True},
         "spec.rollout.verifySyncTolerance",
         "raise verifySyncTolerance",
+    ),
+    (
         "a message longer than its episode",
         {"environment": {"name": "python", "maxTokensPerTurn": 300, "maxEpisodeTokens": 200}},
         "spec.environment.maxTokensPerTurn",
