@@ -23,6 +23,7 @@ from kuberl.api.enums import (
     RolloutEngine,
     RolloutPlacement,
 )
+from kuberl.api.environment import BUILTIN_ENVIRONMENTS, EnvironmentSpec
 from kuberl.api.manifest import (
     API_VERSION,
     GROUP,
@@ -55,6 +56,7 @@ from kuberl.api.tracking import TrackingSpec
 __all__ = [
     "ALGORITHM_PRESETS",
     "API_VERSION",
+    "BUILTIN_ENVIRONMENTS",
     "BUILTIN_REWARDS",
     "GROUP",
     "KIND",
@@ -71,6 +73,7 @@ __all__ = [
     "ComputeDType",
     "DType",
     "DataSpec",
+    "EnvironmentSpec",
     "KLEstimator",
     "KLPlacement",
     "KLSpec",

@@ -182,12 +182,13 @@ def overlong_buffer_fits_the_budget(spec: "RLJobSpec") -> Iterator[RuleProblem]:
     penalty = spec.reward.overlong_penalty
     if penalty is None or not penalty.enabled or penalty.buffer_length is None:
         return
-    if penalty.buffer_length >= spec.rollout.max_new_tokens:
+    budget = "environment.maxEpisodeTokens" if spec.environment is not None else "rollout.maxNewTokens"
+    if penalty.buffer_length >= spec.max_response_tokens:
         yield (
             ("reward", "overlongPenalty", "bufferLength"),
             (
-                f"the overlong buffer ({penalty.buffer_length} tokens) must be shorter than rollout.maxNewTokens "
-                f"({spec.rollout.max_new_tokens}): responses shorter than maxNewTokens - bufferLength go unpunished"
+                f"the overlong buffer ({penalty.buffer_length} tokens) must be shorter than {budget} "
+                f"({spec.max_response_tokens}): responses shorter than {budget} - bufferLength go unpunished"
             ),
         )
 
@@ -282,6 +283,28 @@ def queued_jobs_have_fixed_pools(spec: "RLJobSpec") -> Iterator[RuleProblem]:
             )
 
 
+def episode_budgets_fit(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    environment = spec.environment
+    if environment is None:
+        return
+    if environment.max_tokens_per_turn is not None and "max_new_tokens" in spec.rollout.model_fields_set:
+        yield (
+            ("environment", "maxTokensPerTurn"),
+            "with an environment rollout.maxNewTokens is the default of environment.maxTokensPerTurn; "
+            "set one of the two, not both",
+        )
+    where = "maxTokensPerTurn" if environment.max_tokens_per_turn is not None else "rollout.maxNewTokens"
+    if spec.max_turn_tokens > environment.max_episode_tokens:
+        path: tuple[str, ...] = ("environment", "maxTokensPerTurn")
+        if environment.max_tokens_per_turn is None:
+            path = ("rollout", "maxNewTokens")
+        yield (
+            path,
+            f"a message of up to {spec.max_turn_tokens} tokens ({where}) cannot fit an episode of "
+            f"environment.maxEpisodeTokens {environment.max_episode_tokens}; raise maxEpisodeTokens or lower {where}",
+        )
+
+
 ALGORITHM_RULES: tuple[Rule, ...] = (
     group_estimators_need_groups,
     sequence_losses_weigh_each_response_once,
@@ -305,6 +328,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     queued_jobs_have_fixed_pools,
     lora_reference_keeps_the_actors_dtype,
     verify_sync_allows_the_rollout_precision,
+    episode_budgets_fit,
 )
 
 

@@ -19,6 +19,7 @@ from kuberl.api.enums import (
     RolloutEngine,
     RolloutPlacement,
 )
+from kuberl.api.environment import ENVIRONMENT_DESCRIPTION, EnvironmentSpec
 from kuberl.api.limits import MAX_BATCH, MAX_COEFFICIENT, MAX_DURATION_SECONDS, MAX_SEED, MAX_STEPS, MAX_STREAK
 from kuberl.api.resources import ResourcesSpec
 from kuberl.api.rules import CHECKPOINT_RULES, REWARD_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
@@ -671,6 +672,7 @@ class RLJobSpec(KuberlModel):
     reward: RewardSpec = Field(description="How responses are scored.")
     data: DataSpec = Field(description="Training and validation prompts.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Response generation.")
+    environment: EnvironmentSpec | None = Field(None, description=ENVIRONMENT_DESCRIPTION)
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Duration, seed and batching.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Machines per role.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Saving and resuming.")
@@ -714,6 +716,20 @@ class RLJobSpec(KuberlModel):
             self.reward.overlong_penalty = OverlongPenaltySpec()
         penalty = self.reward.overlong_penalty
         if penalty is not None and penalty.enabled and penalty.buffer_length is None:
-            penalty.buffer_length = max(1, self.rollout.max_new_tokens // 5)
+            penalty.buffer_length = max(1, self.max_response_tokens // 5)
         raise_rule_problems(self, SPEC_RULES)
         return self
+
+    @property
+    def max_response_tokens(self) -> int:
+        """The most tokens after a prompt: one response's (rollout.maxNewTokens) or an episode's (all turns)."""
+        if self.environment is not None:
+            return self.environment.max_episode_tokens
+        return self.rollout.max_new_tokens
+
+    @property
+    def max_turn_tokens(self) -> int:
+        """The most tokens of one model message: environment.maxTokensPerTurn, else rollout.maxNewTokens."""
+        if self.environment is not None and self.environment.max_tokens_per_turn is not None:
+            return self.environment.max_tokens_per_turn
+        return self.rollout.max_new_tokens

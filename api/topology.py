@@ -22,6 +22,12 @@ inside the actor's workers, one process per rank holding several models: the rol
 rollout.placement is colocated, the reference model and the critic when spec.resources has no entry for
 them. A reward without a pool runs one worker on the Ray head, beside the controller.
 
+Environments (spec.environment). Their workers hold the episodes' environments and start the sandboxed
+processes of their tools, so they live where the reward workers live: one per reward pod (the reward
+pool's `replicas`; one on the head without a reward pool), beside that pod's reward worker. The pod's
+CPUs are split between the two. Episodes are pinned to their environment worker, so the group does not
+scale while the job runs.
+
 Elastic bounds. A pool's pods move between min_pods and max_pods (spec minReplicas/maxReplicas; the
 API lets only the reward and a separate rollout pool differ). The reward group's actors move between
 the same bounds (the runtime's reward pool asks for more when its queue waits and releases idle ones;
@@ -39,6 +45,8 @@ from kuberl.api.spec import RLJobSpec
 HEAD_POOL = "head"
 #: CPUs of the single reward worker beside the controller when spec.resources.reward is not set.
 DEFAULT_REWARD_CPUS = 0.5
+#: The group of the environment workers (spec.environment); they live on the reward pool's pods.
+ENVIRONMENT_GROUP = "environment"
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,9 @@ class ActorGroup:
     group is one engine per pod; the reward group is the elastic pool of reward workers.
     """
 
-    #: The group, named by its leading role: the actor group is `actor` even when it hosts the rollout too.
-    name: Role
+    #: The group, named by its leading role: the actor group is `actor` even when it hosts the rollout too;
+    #: the environment workers' group is `environment` (ENVIRONMENT_GROUP; it has no role of its own).
+    name: Role | str
     #: What each actor hosts. The actor group: actor, plus rollout, reference and critic when they are
     #: colocated (no pool of their own); any other group: its own role only.
     roles: tuple[Role, ...]
@@ -147,7 +156,12 @@ class Topology:
                 return pool
         raise KeyError(f"no pool {name!r}; the pools are {', '.join(p.name for p in self.pools)}")
 
-    def group(self, name: Role) -> ActorGroup | None:
+    @property
+    def environment(self) -> ActorGroup | None:
+        """The environment workers' group: only a job with spec.environment has one."""
+        return self.group(ENVIRONMENT_GROUP)
+
+    def group(self, name: Role | str) -> ActorGroup | None:
         """The actor group named `name`, or None when the job has none (no critic, no separate rollout ...)."""
         return next((group for group in self.groups if group.name == name), None)
 
@@ -211,12 +225,19 @@ def rollout_group(pool: RoleResources) -> ActorGroup:
     )
 
 
-def reward_group(pool: RoleResources | None) -> ActorGroup:
+def reward_pod_share(pool: RoleResources | None, environment: bool) -> float:
+    """CPUs of each actor on a reward pod: the pod's, halved when an environment worker shares the pod."""
+    cpus = DEFAULT_REWARD_CPUS if pool is None else pool.cpus
+    return cpus / 2 if environment and pool is not None else cpus
+
+
+def reward_group(pool: RoleResources | None, environment: bool = False) -> ActorGroup:
     """The reward workers: one per pod of the reward pool, between its bounds; without a pool, one on the head."""
+    cpus = reward_pod_share(pool, environment)
     if pool is None:
-        home, low, high, cpus, gpus = HEAD_POOL, 1, 1, DEFAULT_REWARD_CPUS, 0
+        home, low, high, gpus = HEAD_POOL, 1, 1, 0
     else:
-        home, low, high, cpus, gpus = Role.REWARD.value, pool.effective_min, pool.effective_max, pool.cpus, pool.gpus
+        home, low, high, gpus = Role.REWARD.value, pool.effective_min, pool.effective_max, pool.gpus
     return ActorGroup(
         name=Role.REWARD,
         roles=(Role.REWARD,),
@@ -231,9 +252,27 @@ def reward_group(pool: RoleResources | None) -> ActorGroup:
     )
 
 
+def environment_group(pool: RoleResources | None) -> ActorGroup:
+    """spec.environment's workers: one per reward pod at start (`replicas`), fixed; without a pool, one on the head."""
+    home = HEAD_POOL if pool is None else Role.REWARD.value
+    count = 1 if pool is None else pool.replicas
+    return ActorGroup(
+        name=ENVIRONMENT_GROUP,
+        roles=(),
+        pool=home,
+        actors=count,
+        min_actors=count,
+        max_actors=count,
+        actors_per_pod=1,
+        cpus=reward_pod_share(pool, environment=True),
+        gpus=0,
+        resource=ray_resource(home),
+    )
+
+
 def actor_groups(spec: RLJobSpec) -> tuple[ActorGroup, ...]:
     """Every group the runtime starts: actor first, then critic and reference when they have pools, rollout
-    when separate, reward last."""
+    when separate, reward, and the environment workers last."""
     resources = spec.resources
     groups = [model_group(Role.ACTOR, actor_worker_roles(spec), resources.actor)]
     if spec.models.critic is not None and resources.critic is not None:
@@ -242,7 +281,9 @@ def actor_groups(spec: RLJobSpec) -> tuple[ActorGroup, ...]:
         groups.append(model_group(Role.REFERENCE, (Role.REFERENCE,), resources.reference))
     if spec.rollout.placement == RolloutPlacement.SEPARATE and resources.rollout is not None:
         groups.append(rollout_group(resources.rollout))
-    groups.append(reward_group(resources.reward))
+    groups.append(reward_group(resources.reward, environment=spec.environment is not None))
+    if spec.environment is not None:
+        groups.append(environment_group(resources.reward))
     return tuple(groups)
 
 

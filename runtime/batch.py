@@ -4,6 +4,11 @@ N = prompts x groupSize responses in the batch, P = longest prompt, R = longest 
 Prompts are left-padded and responses right-padded, so `cat(prompt_ids, response_ids)` is a
 causal-LM input whose response starts at column P for every row.
 
+With an environment (multi-turn) a row's response is a whole episode: the model's messages and the
+observations between them. `response_mask` marks the model's tokens only, so everything that trains
+or counts (log-probs, advantages, losses, aggregation, metrics) sees the model's tokens and nothing
+else; `observation_mask` marks the environment's, which the model attends to (`attention_mask`).
+
 A stage fills the fields it produces; `shard` and `concat` split a batch across the ranks of
 a worker group and put the results back together in order.
 """
@@ -21,9 +26,12 @@ class RolloutBatch:
     prompt_ids: Tensor  # (N, P) long, left-padded with pad_token_id
     prompt_mask: Tensor  # (N, P) long, 1 on real prompt tokens
     response_ids: Tensor  # (N, R) long, right-padded
-    response_mask: Tensor  # (N, R) float, 1 on generated tokens (eos included), 0 on padding
+    response_mask: Tensor  # (N, R) float, 1 on generated tokens (eos included), 0 on padding and observations
     group_index: Tensor  # (N,) long: responses answering the same prompt share it
     engine_logprobs: Tensor | None = None  # (N, R) log π_rollout of each sampled token, from the engine
+    observation_mask: Tensor | None = None  # (N, R) float: 1 on environment tokens inside an episode (multi-turn)
+    turn_index: Tensor | None = None  # (N, R) long: a token's turn (1, 2, ...; an observation shares its
+    #                                   message's); 0 on padding (multi-turn)
     # reward
     scores: Tensor | None = None  # (N,) sequence reward
     scored: Tensor | None = None  # (N,) bool: the reward succeeded; a failed sample trains nothing
@@ -44,6 +52,8 @@ class RolloutBatch:
     # not tensors: travel beside the rows, in row order
     texts: list[str] = field(default_factory=list)  # decoded responses, for rewards and logs
     samples: list[dict[str, Any]] = field(default_factory=list)  # each response's dataset record
+    #: Rewards an environment gave its episodes (RewardResults; None where spec.reward scores the row).
+    environment_rewards: list[Any] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
@@ -53,8 +63,22 @@ class RolloutBatch:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)  # (N, P+R)
 
     @property
+    def response_attention_mask(self) -> Tensor:
+        """(N, R) every real response token: the model's and, in an episode, the environment's."""
+        if self.observation_mask is None:
+            return self.response_mask
+        return self.response_mask + self.observation_mask  # (N, R)
+
+    @property
     def attention_mask(self) -> Tensor:
-        return torch.cat([self.prompt_mask, self.response_mask.long()], dim=1)  # (N, P+R)
+        return torch.cat([self.prompt_mask, self.response_attention_mask.long()], dim=1)  # (N, P+R)
+
+    @property
+    def turns(self) -> Tensor:
+        """(N,) messages the model wrote in each row: 1 without an environment."""
+        if self.turn_index is None:
+            return torch.ones(len(self), dtype=torch.long)  # (N,)
+        return self.turn_index.max(-1).values  # (N,)
 
     @property
     def response_lengths(self) -> Tensor:
@@ -70,6 +94,8 @@ class RolloutBatch:
         positions = range(len(self))[index] if isinstance(index, slice) else index.tolist()
         picked["texts"] = [self.texts[i] for i in positions] if self.texts else []
         picked["samples"] = [self.samples[i] for i in positions] if self.samples else []
+        rewards = self.environment_rewards
+        picked["environment_rewards"] = [rewards[i] for i in positions] if rewards else []
         return replace(self, **picked)
 
     def shard(self, parts: int) -> list["RolloutBatch"]:
@@ -95,6 +121,7 @@ class RolloutBatch:
             merged[name] = torch.cat(parts, dim=0)
         merged["texts"] = [t for b in batches for t in b.texts]
         merged["samples"] = [s for b in batches for s in b.samples]
+        merged["environment_rewards"] = [r for b in batches for r in b.environment_rewards]
         return replace(first, **merged)
 
 

@@ -10,6 +10,10 @@ are looked up in registries, and a stage runs when the configuration asks for wh
 
 A sample whose reward failed trains nothing and counts in no statistic: not in its group's, not in
 reward/mean, not in the critic's targets (batch.scored, batch.loss_mask).
+
+The rollout is a stage of its own (runtime/rollout.py), chosen by configuration: one response per
+sample, or multi-turn episodes when the job has an environment. The loop is the same for both; an
+episode's environment tokens are outside `response_mask`, so nothing below trains on them.
 """
 
 import logging
@@ -18,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from kuberl.api import KLPlacement, OverlongPrompt
@@ -30,10 +33,11 @@ from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
 from kuberl.runtime.algorithms.shaping import overlong_penalty
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.data import Prompt
-from kuberl.runtime.deadline import bounded_get, step_deadline
+from kuberl.runtime.deadline import step_deadline
 from kuberl.runtime.dynamic_sampling import DynamicSampler, filter_values
-from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.plan import RunPlan
+from kuberl.runtime.rewards.functions import RewardResult
+from kuberl.runtime.rollout import VALIDATION_STREAM, Engines, rollout_stage
 from kuberl.runtime.step_metrics import reward_metrics, trained_batch_metrics
 from kuberl.runtime.telemetry import stage_throughput
 from kuberl.runtime.updates import UpdateConfig, token_rewards_from_scores
@@ -45,15 +49,6 @@ log = logging.getLogger(__name__)
 
 class SyncMismatchError(RuntimeError):
     """The rollout engine's log-probs differ from the trainer's after a weight sync."""
-
-
-#: Seed streams of generation beyond a step's first rollout (the first keeps its historical seeds).
-VALIDATION_STREAM = 1 << 20
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (seed, step, rank, ...): runs replay, streams do not collide."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
 
 
 def dropped_prompt_metrics(plan: RunPlan) -> dict[str, float]:
@@ -97,6 +92,8 @@ class Controller:
         self.pad_id = plan.tokenizer.pad_token_id if plan.tokenizer.pad_token_id is not None else 0
         self.weight_version = 0  # the training step whose weights the engines hold (0: the initial model)
         self.micro = micro_batch_sizes(spec)
+        self.engines = Engines(groups.actor, groups.rollout)
+        self.rollout_stage = rollout_stage(plan, groups, self.engines)
         self.update_config = UpdateConfig(
             ppo_epochs=spec.algorithm.ppo_epochs,
             mini_batches=plan.mini_batches,
@@ -104,7 +101,7 @@ class Controller:
             world_size=plan.actor_world_size,
             temperature=spec.rollout.temperature,
             aggregation=str(spec.algorithm.loss_aggregation),
-            max_response_length=spec.rollout.max_new_tokens,
+            max_response_length=spec.max_response_tokens,
             policy_loss=str(spec.algorithm.policy_loss),
             loss_config=policy_loss_config(spec.algorithm),
             bypass_correction=self.correction if spec.rollout.use_engine_logprobs else None,
@@ -153,7 +150,8 @@ class Controller:
             batch: RolloutBatch | None = generated
         else:
             generated, batch, sampling_metrics = self.sampler.collect(prompts, step, generate_and_score)
-        metrics = {**reward_metrics(generated, self.spec.rollout.max_new_tokens, self.overlong), **sampling_metrics}
+        metrics = {**reward_metrics(generated, self.spec.max_response_tokens, self.overlong), **sampling_metrics}
+        metrics.update(self.rollout_stage.take_metrics())
         if batch is not None:  # dynamic sampling may find nothing worth training on
             timed("reference", self.reference_logprobs, batch)
             timed("old_logprobs", self.old_logprobs, batch)
@@ -172,88 +170,41 @@ class Controller:
         return StepResult(step, epoch, metrics)
 
     # -- stages -------------------------------------------------------------------------------------
-    def sampling(self, step: int, rank: int, *, greedy: bool = False, stream: int = 0) -> SamplingParams:
-        """Sampling of `step` on engine `rank`; `stream` > 0 (another round, validation) draws other seeds."""
-        rollout = self.spec.rollout
-        stop_ids = (self.plan.tokenizer.eos_token_id,) if self.plan.tokenizer.eos_token_id is not None else ()
-        return SamplingParams(
-            temperature=0.0 if greedy else rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            max_new_tokens=rollout.max_new_tokens,
-            n=1 if greedy else self.group_size,
-            stop_token_ids=stop_ids,
-            stop=tuple(rollout.stop),
-            seed=derive_seed(self.spec.training.seed, step, rank, int(greedy), *((stream,) if stream else ())),
-        )
-
-    def _generate(
-        self, prompts: list[Prompt], step: int, greedy: bool = False, stream: int = 0
-    ) -> list[list[Generation]]:
-        """Prompts split over the engines: the actor's ranks (colocated) or the rollout replicas (separate)."""
-        separate = self.groups.rollout is not None
-        group = self.groups.rollout if separate else self.groups.actor
-        assert group is not None
-        shards = np.array_split(np.arange(len(prompts)), group.world_size)
-        calls = []
-        for rank, shard in enumerate(shards):
-            inputs = [prompts[i].input_ids for i in shard]
-            params = self.sampling(step, rank, greedy=greedy, stream=stream)
-            version = (self.weight_version,) if separate else ()
-            calls.append(group.workers[rank].generate.remote(inputs, params, *version))
-        parts = bounded_get(calls, f"generate on the {group.group.name} workers")
-        return [generations for part in parts for generations in part]
-
     def rollout(self, prompts: list[Prompt], step: int, round_index: int = 0) -> RolloutBatch:
-        generations = self._generate(prompts, step, stream=round_index)
-        rows = [(p, g) for p, gens in zip(prompts, generations, strict=True) for g in gens]
-        width_p = max(len(p.input_ids) for p, _ in rows)
-        width_r = max(1, max(len(g.token_ids) for _, g in rows))
-        n = len(rows)
-        prompt_ids = torch.full((n, width_p), self.pad_id, dtype=torch.long)  # (N, P)
-        prompt_mask = torch.zeros((n, width_p), dtype=torch.long)  # (N, P)
-        response_ids = torch.full((n, width_r), self.pad_id, dtype=torch.long)  # (N, R)
-        response_mask = torch.zeros((n, width_r))  # (N, R)
-        engine_logprobs = torch.zeros((n, width_r))  # (N, R)
-        for row, (prompt, gen) in enumerate(rows):
-            length_p, length_r = len(prompt.input_ids), len(gen.token_ids)
-            prompt_ids[row, width_p - length_p :] = torch.tensor(prompt.input_ids)
-            prompt_mask[row, width_p - length_p :] = 1
-            if length_r:
-                response_ids[row, :length_r] = torch.tensor(gen.token_ids)
-                response_mask[row, :length_r] = 1
-                engine_logprobs[row, :length_r] = torch.tensor(gen.logprobs)
-        group_index = torch.arange(len(prompts)).repeat_interleave(self.group_size)  # (N,)
-        texts = [self.plan.tokenizer.decode(g.token_ids, skip_special_tokens=True) for _, g in rows]
-        return RolloutBatch(
-            prompt_ids,
-            prompt_mask,
-            response_ids,
-            response_mask,
-            group_index,
-            engine_logprobs=engine_logprobs,
-            texts=texts,
-            samples=[p.record for p, _ in rows],
-        )
+        return self.rollout_stage.run(prompts, step, stream=round_index)
 
     def _score_texts(self, prompt_texts: list[str], texts: list[str], samples: list[dict[str, Any]]) -> list[Any]:
         return self.groups.reward.score(prompt_texts, texts, samples)
 
+    def score_rows(self, batch: RolloutBatch, prompt_texts: list[str]) -> list[RewardResult]:
+        """Each row's reward: the one its environment gave, else spec.reward's score of its text."""
+        given = batch.environment_rewards or [None] * len(batch)
+        unscored = [row for row, result in enumerate(given) if result is None]
+        scored = self._score_texts(
+            [prompt_texts[row] for row in unscored],
+            [batch.texts[row] for row in unscored],
+            [batch.samples[row] for row in unscored],
+        )
+        results = list(given)
+        for row, result in zip(unscored, scored, strict=True):
+            results[row] = result
+        return results
+
     def score(self, batch: RolloutBatch, prompts: list[Prompt], step: int, round_index: int = 0) -> list[Any]:
         """Scores (with any overlong penalty) and which rewards succeeded into the batch; returns the results."""
         prompt_texts = [p.text for p in prompts for _ in range(self.group_size)]
-        results = self._score_texts(prompt_texts, batch.texts, batch.samples)
+        results = self.score_rows(batch, prompt_texts)
         scores = torch.tensor([r.score for r in results], dtype=torch.float32)  # (N,)
         scored = torch.tensor([r.error is None for r in results])  # (N,)
         for row in (~scored).nonzero().flatten().tolist():
             log.warning("step %d: reward failed for response %d: %s", step + 1, row, results[row].error)
         scores = scores + self.shaping(batch.response_lengths)  # (N,)
         if self.needs_baseline:
-            greedy = self._generate(prompts, step, greedy=True, stream=round_index)
-            greedy_texts = [self.plan.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in greedy]
-            base = self._score_texts([p.text for p in prompts], greedy_texts, [p.record for p in prompts])
-            greedy_lengths = torch.tensor([len(g[0].token_ids) for g in greedy])  # (B,)
-            baseline = torch.tensor([r.score for r in base]) + self.shaping(greedy_lengths)  # (B,) shaped alike
+            greedy = self.rollout_stage.run(prompts, step, greedy=True, stream=round_index, record=False)
+            base = self.score_rows(greedy, [p.text for p in prompts])
+            baseline = torch.tensor([r.score for r in base]) + self.shaping(
+                greedy.response_lengths
+            )  # (B,) shaped alike
             batch.baseline_scores = baseline.repeat_interleave(self.group_size)  # (N,)
             # a failed baseline is no baseline: the prompt's samples would be compared with a placeholder
             scored &= torch.tensor([r.error is None for r in base]).repeat_interleave(self.group_size)  # (N,)
@@ -265,8 +216,8 @@ class Controller:
         if self.overlong is None:
             return torch.zeros(len(lengths))
         assert self.overlong.buffer_length is not None  # the API fills it
-        max_new = self.spec.rollout.max_new_tokens
-        return overlong_penalty(lengths, max_new, self.overlong.buffer_length, self.overlong.penalty_factor)
+        budget = self.spec.max_response_tokens
+        return overlong_penalty(lengths, budget, self.overlong.buffer_length, self.overlong.penalty_factor)
 
     def _forward(self, role: str, batch: RolloutBatch) -> torch.Tensor:
         group = self.groups.host(role)
@@ -379,7 +330,7 @@ class Controller:
             buckets = self.groups.actor.call("publish_weights", self.spec.rollout.sync_bucket_mb)[0]
             results = self.groups.rollout.call("load_weights_from", buckets, version)
             del buckets  # the object store frees the buckets once every replica has loaded them
-        self.weight_version = version
+        self.weight_version = self.engines.version = version
         metrics = {"sync/seconds": max(r["sync/seconds"] for r in results), "sync/bytes": results[0]["sync/bytes"]}
         if self.spec.rollout.verify_sync and batch is not None:
             metrics["sync/max_logprob_diff"] = self.verify_sync(batch)
@@ -388,7 +339,7 @@ class Controller:
     def verify_sync(self, batch: RolloutBatch) -> float:
         """Score a fixed probe with trainer and engine; fail beyond rollout.verifySyncTolerance."""
         prompt = batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist()
-        response = batch.response_ids[0][batch.response_mask[0].bool()].tolist() or [self.pad_id]
+        response = batch.response_ids[0][batch.response_attention_mask[0].bool()].tolist() or [self.pad_id]
         temperature = self.spec.rollout.temperature
         probes = self.groups.actor.call("probe_logprobs", prompt, response, temperature)
         pairs = [(p["trainer"], p["engine"]) for p in probes if p["engine"]]
@@ -415,15 +366,14 @@ class Controller:
         """Greedy and groupSize sampled responses to every validation prompt, scored (see runtime/validation.py)."""
         assert self.plan.validation is not None
         prompts = self.plan.validation.prompts
-        decode = self.plan.tokenizer.decode
 
-        def scored(gens: list[list[Generation]]) -> list[list[Scored]]:
-            texts = [[decode(g.token_ids, skip_special_tokens=True) for g in per_prompt] for per_prompt in gens]
-            flat = [(p, t) for p, per_prompt in zip(prompts, texts, strict=True) for t in per_prompt]
-            results = self._score_texts([p.text for p, _ in flat], [t for _, t in flat], [p.record for p, _ in flat])
-            ranked = iter(Scored(t, r.score, r.error is None) for (_, t), r in zip(flat, results, strict=True))
-            return [[next(ranked) for _ in per_prompt] for per_prompt in texts]
+        def scored(greedy: bool) -> list[list[Scored]]:
+            batch = self.rollout_stage.run(prompts, step, greedy=greedy, stream=VALIDATION_STREAM, record=False)
+            per_prompt = len(batch) // len(prompts)
+            results = self.score_rows(batch, [p.text for p in prompts for _ in range(per_prompt)])
+            ranked = [Scored(t, r.score, r.error is None) for t, r in zip(batch.texts, results, strict=True)]
+            return [ranked[i * per_prompt : (i + 1) * per_prompt] for i in range(len(prompts))]
 
-        greedy = scored(self._generate(prompts, step, greedy=True, stream=VALIDATION_STREAM))
-        sampled = scored(self._generate(prompts, step, stream=VALIDATION_STREAM))
+        greedy = scored(greedy=True)
+        sampled = scored(greedy=False)
         return validation_metrics([responses[0] for responses in greedy], sampled)

@@ -19,7 +19,7 @@ exactly the prompts an uninterrupted run would, with nothing about the loader in
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -66,8 +66,13 @@ class PromptDataset:
         return self.prompts[i]
 
     @classmethod
-    def load(cls, spec: DataSpec, tokenizer: Any, base_dir: Path, split: str = "train") -> "PromptDataset":
-        """Reads, renders and tokenizes the split; relative paths are read from base_dir (the manifest's folder)."""
+    def load(
+        cls, spec: DataSpec, tokenizer: Any, base_dir: Path, split: str = "train", tools: Sequence[dict[str, Any]] = ()
+    ) -> "PromptDataset":
+        """Reads, renders and tokenizes the split; relative paths are read from base_dir (the manifest's folder).
+
+        `tools` (function schemas, an environment's) are rendered into chat-template prompts.
+        """
         if split not in ("train", "validation"):
             raise ValueError(f"split {split!r}; use 'train' or 'validation'")
         field = f"data.{split}"
@@ -81,7 +86,7 @@ class PromptDataset:
         if not records:
             shown = locations[0] if len(locations) == 1 else ", ".join(locations)
             raise DataError(f"{field}: {shown} holds no records; add prompts, one JSON object per line")
-        texts = [render_prompt(record, i, spec, tokenizer, field) for i, record in enumerate(records)]
+        texts = [render_prompt(record, i, spec, tokenizer, field, tools) for i, record in enumerate(records)]
         # A chat template writes its own special tokens; a plain prompt gets the tokenizer's (a BOS, if any).
         encoded = tokenizer(texts, add_special_tokens=not spec.chat_template)["input_ids"]
         prompts: list[Prompt] = []
@@ -127,8 +132,10 @@ def _fit_length(
     )
 
 
-def render_prompt(record: SourceRecord, index: int, spec: DataSpec, tokenizer: Any, field: str) -> str:
-    """The prompt text of a record: the prompt field as is, or rendered with the chat template."""
+def render_prompt(
+    record: SourceRecord, index: int, spec: DataSpec, tokenizer: Any, field: str, tools: Sequence[dict[str, Any]] = ()
+) -> str:
+    """The prompt text of a record: the prompt field as is, or rendered with the chat template (and `tools`)."""
     data = record.data
     if spec.prompt_field not in data:
         raise DataError(
@@ -155,7 +162,8 @@ def render_prompt(record: SourceRecord, index: int, spec: DataSpec, tokenizer: A
             "data.chatTemplate is true but the tokenizer has no chat template; "
             "set data.chatTemplate: false, or use a model whose tokenizer_config.json has one"
         )
-    rendered: str = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    extra = {"tools": list(tools)} if tools else {}
+    rendered: str = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False, **extra)
     return rendered
 
 

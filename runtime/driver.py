@@ -28,6 +28,7 @@ from kuberl.runtime.checkpoint import CheckpointRef, CheckpointStore, Preemption
 from kuberl.runtime.checkpoint.policy import Start, start_from
 from kuberl.runtime.controller import Controller, StepResult
 from kuberl.runtime.data import DataError
+from kuberl.runtime.environments.registry import EnvironmentConfigError
 from kuberl.runtime.health import JobFailed, RunHealth
 from kuberl.runtime.metrics import RunReporter
 from kuberl.runtime.models.resolve import ModelNotFoundError, default_cache_dir
@@ -50,6 +51,7 @@ CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (
     ModelNotFoundError,
     RewardConfigError,
     TrackingError,
+    EnvironmentConfigError,
 )
 
 
@@ -288,7 +290,7 @@ def _run(
                 plan.total_steps,
                 start_step=start_step,
                 show_progress=progress,
-                max_new_tokens=job.spec.rollout.max_new_tokens,
+                max_new_tokens=job.spec.max_response_tokens,  # an episode: maxEpisodeTokens
             )
             health = RunHealth.from_spec(job.spec)
             recorder = StepRecorder(

@@ -55,7 +55,7 @@ def run_from_cli(args: RuntimeArgs) -> int:
         print(f"nothing to do: {output} already holds the finished run ({result.steps} steps)")
         return ExitCode.SUCCESS
     print(f"done: {result.steps} steps in {time.monotonic() - started:.0f} s, in {output}/")
-    for line in learning_summary(result.history, job.spec.rollout.max_new_tokens):
+    for line in learning_summary(result.history, job.spec.max_response_tokens):
         print(f"  {line}")
     print(f"  metrics: {output / 'metrics.jsonl'}  plot: {result.plot}  tensorboard: {output / 'tensorboard'}")
     if result.model_dir:

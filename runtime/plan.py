@@ -5,9 +5,10 @@ on which pools, api/topology.py) and checks the batch arithmetic against the tra
 Whatever is wrong surfaces here, naming the field or file, before any minute of compute is spent.
 """
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from kuberl.api import RLJob, Role
 from kuberl.api.topology import ActorGroup, Topology, plan_topology
@@ -57,6 +58,25 @@ def _resolve(path: str, base_dir: Path, cache_dir: Path, field: str) -> str:
     return str(resolve_model_path(path, cache_dir, field))
 
 
+def environment_tools(job: RLJob, model_path: str) -> list[dict[str, Any]]:
+    """spec.environment's tools, for chat-template prompts; checks the class loads and episodes fit the model."""
+    spec = job.spec
+    if spec.environment is None:
+        return []
+    from kuberl.runtime.environments.registry import load_environment
+
+    environment = load_environment(spec.environment.name)
+    config = Path(model_path) / "config.json"
+    limit = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
+    if limit and spec.data.max_prompt_length + spec.max_response_tokens > int(limit):
+        raise RunConfigError(
+            f"spec.environment.maxEpisodeTokens: data.maxPromptLength {spec.data.max_prompt_length} + "
+            f"maxEpisodeTokens {spec.max_response_tokens} exceed the model's context of {limit} tokens "
+            "(max_position_embeddings); lower either"
+        )
+    return list(environment.tool_schemas)
+
+
 def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> RunPlan:
     from transformers import AutoTokenizer
 
@@ -82,7 +102,8 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
         tokenizer_path = _resolve(spec.models.actor.tokenizer, base_dir, cache_dir, "spec.models.actor.tokenizer")
     # transformers types decode() for a batch too (str | list[str]); the controller decodes one sequence
     tokenizer = cast(Tokenizer, AutoTokenizer.from_pretrained(tokenizer_path))
-    dataset = PromptDataset.load(spec.data, tokenizer, base_dir, split="train")
+    tools = environment_tools(job, paths["actor"])
+    dataset = PromptDataset.load(spec.data, tokenizer, base_dir, split="train", tools=tools)
     loader = PromptLoader(
         dataset,
         spec.data.batch_size,
@@ -94,7 +115,7 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
     mini_batches = check_mini_batches(job, topology)
     validation = None
     if spec.data.validation is not None:
-        validation = PromptDataset.load(spec.data, tokenizer, base_dir, split="validation")
+        validation = PromptDataset.load(spec.data, tokenizer, base_dir, split="validation", tools=tools)
     spec.reward = resolved_reward_file(spec.reward, base_dir)  # the workers load it from anywhere
     check_reward_inputs(spec.reward, {"data.train": dataset, "data.validation": validation})
     return RunPlan(

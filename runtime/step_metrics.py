@@ -17,6 +17,7 @@ def reward_metrics(
 
     reward/mean and reward/std count only samples whose reward succeeded, and include any overlong
     penalty (they are what the advantages see); reward/overlong_penalty_mean shows the penalty's part.
+    For episodes, env/reward_turns_<k> is the mean reward of the episodes in which the model wrote k messages.
     """
     assert generated.scores is not None and generated.scored is not None
     scored = generated.scored  # (N,)
@@ -31,6 +32,10 @@ def reward_metrics(
         "response/clip_fraction": float((lengths >= max_new_tokens).float().mean()),
         "rollout/tokens": float(generated.response_mask.sum()),
     }
+    if generated.turn_index is not None:  # episodes: the mean reward of those that took k turns
+        turns = generated.turns[scored]  # (n,)
+        for count in sorted(set(turns.tolist())):
+            metrics[f"env/reward_turns_{count}"] = float(scores[turns == count].mean())
     if overlong is not None and len(scores):
         assert overlong.buffer_length is not None  # the API fills it
         penalty = overlong_penalty(lengths[scored], max_new_tokens, overlong.buffer_length, overlong.penalty_factor)

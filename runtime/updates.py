@@ -245,8 +245,9 @@ def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
 
 
 def token_rewards_from_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """The sequence score placed on each response's last valid token."""
-    lengths = response_mask.sum(-1).long().clamp(min=1)  # (N,)
+    """The sequence score placed on each response's last valid token (in an episode: the model's last token)."""
+    positions = torch.arange(response_mask.shape[1]).expand_as(response_mask)  # (N, R)
+    last = torch.where(response_mask.bool(), positions, 0).max(-1).values  # (N,)
     rewards = torch.zeros_like(response_mask, dtype=torch.float32)  # (N, R)
-    rewards[torch.arange(len(scores)), lengths - 1] = scores.float()  # (N, R)
+    rewards[torch.arange(len(scores)), last] = scores.float()  # (N, R)
     return rewards * response_mask  # (N, R)

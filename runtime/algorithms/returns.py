@@ -21,18 +21,20 @@ from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
 
 
 def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """G_t = r_t + gamma * G_{t+1} within each response.
+    """G_t = r_t + gamma * G_{t+1} over the valid tokens of each response; 0 on masked positions.
 
-    As in verl's REINFORCE++, the running return is reset at every masked position, so padding
-    (and, in multi-turn data, a masked span) never carries reward to the tokens before it.
+    Masked positions are skipped, not counted as steps: the running return passes through them
+    undiscounted. On right padding this is verl's REINFORCE++ (nothing follows the padding); it departs
+    from verl inside an episode, whose environment tokens are masked: verl resets the return there, so
+    the model's earlier messages would get none of the episode's final reward.
     """
     valid = mask.bool()  # (N, R)
     rewards = torch.where(valid, token_rewards.float(), 0.0)  # (N, R)
     returns = torch.zeros_like(rewards)  # (N, R)
     running = torch.zeros_like(rewards[:, 0])  # (N,)
     for t in reversed(range(rewards.shape[1])):
-        running = torch.where(valid[:, t], rewards[:, t] + gamma * running, 0.0)  # (N,)
-        returns[:, t] = running
+        running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)  # (N,)
+        returns[:, t] = torch.where(valid[:, t], running, 0.0)
     return returns
 
 

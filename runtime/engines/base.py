@@ -22,6 +22,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # ends a response (the token is kept, as eos is)
     stop: tuple[str, ...] = ()  # ends a response at the first occurrence (the string is cut off)
     seed: int = 0  # the whole call's randomness derives from it: same seed, same prompts -> same responses
+    #: One seed per prompt (n must be 1): prompt i draws from a stream of its own, so its response does not
+    #: depend on which other prompts share the call (multi-turn episodes are batched as they become ready).
+    row_seeds: tuple[int, ...] = ()
+    #: One token budget per prompt (at most max_new_tokens each); empty: max_new_tokens for every prompt.
+    row_max_new_tokens: tuple[int, ...] = ()
 
 
 @dataclass
@@ -30,6 +35,7 @@ class Generation:
     logprobs: list[float]  # log π_engine of each sampled token under the sampling temperature
     finish_reason: str = "length"  # "stop" (eos / stop token / stop string) or "length"
     meta: dict[str, float] = field(default_factory=dict)
+    cached_tokens: int = 0  # prompt tokens the engine served from its prefix cache (vllm)
 
 
 class RolloutEngine(Protocol):

@@ -50,7 +50,11 @@ class HFRolloutEngine:
         rows = [prompt for prompt in prompts for _ in range(params.n)]
         if not rows:
             return []
-        generator = torch.Generator().manual_seed(params.seed)
+        generator: torch.Generator | list[torch.Generator] = torch.Generator().manual_seed(params.seed)
+        if params.row_seeds:
+            if params.n != 1 or len(params.row_seeds) != len(prompts):
+                raise ValueError("row_seeds needs n = 1 and one seed per prompt")
+            generator = [torch.Generator().manual_seed(seed) for seed in params.row_seeds]
         tokens, logprobs, lengths = self._sample(rows, params, generator)
         stop_ids = {self.eos_id, *params.stop_token_ids} - {None}
         out: list[Generation] = []
@@ -65,7 +69,7 @@ class HFRolloutEngine:
         return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     def _sample(
-        self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator
+        self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator | list[torch.Generator]
     ) -> tuple[Tensor, Tensor, list[int]]:
         ids, mask = left_pad(rows, self.pad_id)  # (B, P)
         ids, mask = ids.to(self.device), mask.to(self.device)
@@ -78,6 +82,7 @@ class HFRolloutEngine:
         logprobs = torch.zeros((batch, params.max_new_tokens))  # (B, R)
         done = torch.zeros(batch, dtype=torch.bool)  # (B,)
         lengths = torch.zeros(batch, dtype=torch.long)  # (B,)
+        limits = torch.tensor(params.row_max_new_tokens or [params.max_new_tokens] * batch)  # (B,)
         next_position = positions[:, -1:] + 1  # (B, 1)
         for step in range(params.max_new_tokens):
             chosen, chosen_lp = sample_tokens(
@@ -88,7 +93,7 @@ class HFRolloutEngine:
             tokens[live, step] = chosen[live]
             logprobs[live, step] = chosen_lp[live]
             lengths += live.long()
-            done |= live & torch.isin(chosen, stop_ids.cpu())
+            done |= live & (torch.isin(chosen, stop_ids.cpu()) | (lengths >= limits))
             if bool(done.all()) or step == params.max_new_tokens - 1:
                 break
             feed = torch.where(done, torch.full_like(chosen, self.pad_id), chosen).to(self.device)  # (B,)

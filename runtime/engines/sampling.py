@@ -20,12 +20,18 @@ def filter_logits(logits: Tensor, *, top_k: int | None, top_p: float) -> Tensor:
 
 
 def sample_tokens(
-    logits: Tensor, *, temperature: float, top_k: int | None, top_p: float, generator: torch.Generator
+    logits: Tensor,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float,
+    generator: torch.Generator | list[torch.Generator],
 ) -> tuple[Tensor, Tensor]:
     """Next tokens and their log-probabilities under the temperature-scaled (unfiltered) distribution.
 
     The log-probability is the one the trainer computes (log_softmax(logits / T)), so the engine's
-    and the trainer's numbers are comparable; top-k/top-p only restrict what may be drawn.
+    and the trainer's numbers are comparable; top-k/top-p only restrict what may be drawn. A list of
+    generators gives row i a random stream of its own (generator[i]).
     """
     logits = logits.float()  # (B, V)
     if temperature == 0:
@@ -34,6 +40,10 @@ def sample_tokens(
         return tokens, logprobs
     scaled = logits / temperature  # (B, V)
     probs = filter_logits(scaled, top_k=top_k, top_p=top_p).softmax(-1)  # (B, V)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+    if isinstance(generator, list):
+        rows = [torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)]  # B x (1,)
+        tokens = torch.cat(rows)  # (B,)
+    else:
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
     logprobs = scaled.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)  # (B,)
     return tokens, logprobs

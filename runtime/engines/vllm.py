@@ -125,28 +125,38 @@ def request_seed(seed: int, prompt_index: int) -> int:
 
 
 def to_vllm_sampling(params: SamplingParams, prompt_index: int) -> Any:
-    """vLLM's sampling settings for one prompt of a call: n samples, the sampled token's log-prob each."""
+    """vLLM's sampling settings for one prompt of a call: n samples, the sampled token's log-prob each.
+
+    With `params.row_seeds` the prompt's own seed and token budget (multi-turn episodes).
+    """
     from vllm import SamplingParams as VLLMSamplingParams
 
+    seed = request_seed(params.seed, prompt_index)
+    if params.row_seeds:
+        seed = request_seed(params.row_seeds[prompt_index], 0)
+    max_tokens = params.max_new_tokens
+    if params.row_max_new_tokens:
+        max_tokens = params.row_max_new_tokens[prompt_index]
     return VLLMSamplingParams(
         n=params.n,
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k if params.top_k is not None else 0,  # 0: no limit
-        max_tokens=params.max_new_tokens,
+        max_tokens=max_tokens,
         stop=list(params.stop) or None,
         stop_token_ids=list(params.stop_token_ids),
-        seed=request_seed(params.seed, prompt_index),
+        seed=seed,
         logprobs=0,  # the sampled token only
         detokenize=bool(params.stop),  # text is needed only to find stop strings
     )
 
 
-def to_generation(completion: Any) -> Generation:
+def to_generation(completion: Any, cached_tokens: int = 0) -> Generation:
     """A vLLM CompletionOutput as a Generation: its tokens, each token's log-prob, why it ended."""
     ids = list(completion.token_ids)
     logprobs = [step[token].logprob for step, token in zip(completion.logprobs, ids, strict=True)]
-    return Generation(ids, logprobs, "length" if completion.finish_reason == "length" else "stop")
+    reason = "length" if completion.finish_reason == "length" else "stop"
+    return Generation(ids, logprobs, reason, cached_tokens=cached_tokens)
 
 
 def tempered_logprobs(full: Tensor, targets: Tensor, temperature: float) -> Tensor:
@@ -160,11 +170,12 @@ def tempered_logprobs(full: Tensor, targets: Tensor, temperature: float) -> Tens
 
 
 def context_length(spec: RLJobSpec, model_path: str) -> int:
-    """The longest sequence a request needs (prompt + response + the one token a scoring request makes).
+    """The longest sequence a request needs (prompt + response or whole episode + the one token a scoring
+    request makes).
 
     Capped at the model's `max_position_embeddings`, which vLLM refuses to exceed.
     """
-    wanted = spec.data.max_prompt_length + spec.rollout.max_new_tokens + 1
+    wanted = spec.data.max_prompt_length + spec.max_response_tokens + 1
     config = Path(model_path) / "config.json"
     limit = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
     return min(wanted, int(limit)) if limit else wanted
@@ -376,7 +387,10 @@ class VLLMRolloutEngine:
         requests = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
         sampling = [to_vllm_sampling(params, index) for index in range(len(prompts))]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.adapter)
-        generations = [[to_generation(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
+        generations = [
+            [to_generation(c, out.num_cached_tokens or 0) for c in sorted(out.outputs, key=lambda c: c.index)]
+            for out in outputs
+        ]
         if not engine_logprobs_are_exact(self.logprobs_mode, params):
             self._rescore(prompts, generations, params.temperature)
         return generations

@@ -26,6 +26,10 @@ tokenizer.json exactly as saved.
 (`models/pretrain.py`): the demo's RL starts from a model that can read its task, as real RL
 starts from an instruct model. Its build takes ~20 s once; `resolve_model_path` caches it.
 
+`tiny://tool-demo` is the demo's shape fine-tuned for a few minutes, once, on the python tool's call
+format (`models/tiny_tool.py`): the actor of examples/agent-python-tool.yaml. Its weights repeat on
+one machine; other CPUs may differ in the last bits.
+
     python -c "from pathlib import Path; from kuberl.runtime.models.tiny import build_tiny_model; \
 build_tiny_model('demo', Path('/tmp/tiny-demo'))"
 """
@@ -49,6 +53,7 @@ from transformers import (
 )
 
 from kuberl.runtime.models.pretrain import PretrainingSpec, pretrain
+from kuberl.runtime.models.tiny_tool import TOOL_RECIPE, teach_tool_format
 
 #: Bump when anything here or in pretrain.py changes what a build writes: cached builds are keyed by it.
 BUILDER_VERSION = "2"
@@ -112,6 +117,11 @@ TINY_MODELS: dict[str, TinyModelConfig] = {
         512,
         pretraining=PretrainingSpec(corpus="counting", steps=200),
         description="~1M-parameter Llama pretrained to count: the actor of the CPU demo",
+    ),
+    # The demo shape fine-tuned at build time on the python tool's call format (models/tiny_tool.py); the
+    # description names the recipe's version, so a change to the recipe rebuilds it (the cache key reads it).
+    "tool-demo": TinyModelConfig(
+        128, 4, 4, 2, 512, description=f"~1M-parameter Llama that calls the python tool (recipe {TOOL_RECIPE})"
     ),
     # The demo backbone with a scalar head (num_labels=1) and the demo tokenizer: a reward model for tests.
     "reward-demo": TinyModelConfig(
@@ -204,6 +214,8 @@ def build_tiny_model(name: str, directory: Path) -> Path:
         model: PreTrainedModel = model_class(hf_config)
         if config.pretraining is not None:
             pretrain(model, tokenizer, config.pretraining, seed=name_seed(name))
+        elif name == "tool-demo":
+            teach_tool_format(model, tokenizer, seed=name_seed(name))
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     # save_jinja_files=False keeps the chat template inside tokenizer_config.json, where older readers look.

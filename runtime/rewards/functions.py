@@ -18,7 +18,6 @@ the controller counts the failures in its metrics.
 """
 
 import hashlib
-import importlib
 import importlib.util
 import inspect
 import logging
@@ -30,6 +29,7 @@ from typing import Any
 
 from kuberl.runtime.rewards.builtin import BUILTIN_REWARDS, RewardFn
 from kuberl.runtime.rewards.sample import data_source, extra_info, ground_truth
+from kuberl.runtime.user_code import resolve_reference
 
 logger = logging.getLogger(__name__)
 
@@ -74,14 +74,16 @@ def load_reward_function(ref: str, field: str = "spec.reward.function") -> Rewar
             "or name your own as package.module:function or path/to/reward.py:function"
         )
     in_file = split_file_reference(ref)
-    module_name, attribute = in_file if in_file is not None else ref.split(":", 1)
-    module = _load_file(module_name, ref, field) if in_file is not None else _import(module_name, ref, field)
-    function = getattr(module, attribute, None)
-    if function is None:
-        raise RewardConfigError(
-            f"{field}: {'file' if in_file else 'module'} {module_name!r} has no attribute {attribute!r} "
-            f"(reward {ref!r}); check the function name after the colon"
-        )
+    if in_file is None:  # package.module:function
+        function = resolve_reference(ref, BUILTIN_REWARDS, field, "reward", RewardConfigError, "function")
+    else:
+        path, attribute = in_file
+        function = getattr(_load_file(path, ref, field), attribute, None)
+        if function is None:
+            raise RewardConfigError(
+                f"{field}: file {path!r} has no attribute {attribute!r} (reward {ref!r}); check the function "
+                "name after the colon"
+            )
     if not callable(function):
         raise RewardConfigError(
             f"{field}: {ref!r} is a {type(function).__name__}, not a function; "
@@ -89,16 +91,6 @@ def load_reward_function(ref: str, field: str = "spec.reward.function") -> Rewar
             "extra_info)"
         )
     return verl_adapter(function) if takes_verl_arguments(function) else function
-
-
-def _import(module_name: str, ref: str, field: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except ImportError as error:
-        raise RewardConfigError(
-            f"{field}: cannot import module {module_name!r} for reward {ref!r} ({error}); install the package "
-            "in the runtime image or put it on PYTHONPATH (spec.env)"
-        ) from error
 
 
 def _load_file(path: str, ref: str, field: str) -> Any:
@@ -205,6 +197,18 @@ def _check_result(result: Any) -> RewardResult:
             )
         metrics[name] = value
     return RewardResult(score, metrics)
+
+
+def checked_reward(value: Any, source: str) -> RewardResult:
+    """A RewardResult from what a reward (or an environment's `reward`) returned; never raises.
+
+    A value that is not a finite score or (score, metrics) fails the sample, the reason naming `source`.
+    """
+    try:
+        return _check_result(value)
+    except _MalformedReturn as error:
+        logger.warning("%s failed on a sample, scored 0.0: %s", source, error)
+        return RewardResult(0.0, {}, error=f"{source} {error}")
 
 
 def score_safely(fn: RewardFn, completion: str, sample: dict[str, Any]) -> RewardResult:

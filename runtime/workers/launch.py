@@ -1,7 +1,8 @@
 """Starting the job's Ray and its worker groups where the topology places them (api/topology.py).
 
     started = start_ray(address, plan.topology)  # join a cluster, or start a Ray offering every pool's resource
-    groups = start_groups(plan)                  # the model groups and rollout engines set up; the reward pool
+    groups = start_groups(plan)                  # the model groups and rollout engines set up; the reward pool,
+                                                 # and the environment workers when the job has spec.environment
     ...
     groups.shutdown()
 
@@ -21,6 +22,7 @@ import ray
 from kuberl.api import Role
 from kuberl.api.contract import ray_resource
 from kuberl.api.topology import HEAD_POOL, Topology
+from kuberl.runtime.environments.pool import EnvironmentPool
 from kuberl.runtime.plan import RunPlan
 from kuberl.runtime.rewards.pool import RewardPool
 from kuberl.runtime.workers.group import WorkerGroup
@@ -42,6 +44,7 @@ class Groups:
     critic: WorkerGroup | None = None  # the critic with a pool of its own
     reference: WorkerGroup | None = None  # the reference with a pool of its own
     rollout: WorkerGroup | None = None  # rollout.placement separate: engine replicas fed by weight broadcast
+    environment: EnvironmentPool | None = None  # spec.environment: the workers the episodes' environments live in
 
     def host(self, role: str) -> WorkerGroup:
         """The group whose ranks hold `role`'s model: its own, or the actor's it is colocated in."""
@@ -55,6 +58,8 @@ class Groups:
 
     def shutdown(self) -> None:
         self.reward.shutdown()
+        if self.environment is not None:
+            self.environment.shutdown()
         for group in (self.actor, self.critic, self.reference, self.rollout):
             if group is not None:
                 group.kill()
@@ -105,8 +110,9 @@ def warn_of_missing_resources(topology: Topology) -> None:
 
 def start_groups(plan: RunPlan) -> Groups:
     """Every group of the topology, set up: the model groups and rollout engines load their models while the
-    reward pool starts. Whatever was started is stopped again if any part fails."""
-    started: dict[Role, WorkerGroup] = {}
+    reward pool and the environment workers start. Whatever was started is stopped again if any part fails."""
+    started: dict[Role | str, WorkerGroup] = {}
+    environment: EnvironmentPool | None = None
     try:
         for group in plan.topology.groups:
             if group.name in MODEL_GROUPS:
@@ -116,11 +122,14 @@ def start_groups(plan: RunPlan) -> Groups:
         pending = [call for workers in started.values() for call in setup_calls(plan, workers)]
         reward = RewardPool(plan.job.spec.reward.to_manifest(), plan.model_paths.get("reward"), plan.topology.reward)
         try:
+            environment = start_environment(plan)
             ray.get(pending)
         except BaseException:
             reward.shutdown()
             raise
     except BaseException:
+        if environment is not None:
+            environment.shutdown()
         for workers in started.values():
             workers.kill()
         raise
@@ -130,7 +139,16 @@ def start_groups(plan: RunPlan) -> Groups:
         critic=started.get(Role.CRITIC),
         reference=started.get(Role.REFERENCE),
         rollout=started.get(Role.ROLLOUT),
+        environment=environment,
     )
+
+
+def start_environment(plan: RunPlan) -> EnvironmentPool | None:
+    """spec.environment: its workers, on the topology's environment group (None without one)."""
+    environment, group = plan.job.spec.environment, plan.topology.environment
+    if environment is None or group is None:
+        return None
+    return EnvironmentPool(environment, group)
 
 
 def setup_calls(plan: RunPlan, workers: WorkerGroup) -> list[Any]:

@@ -64,3 +64,49 @@ def test_samples_whose_reward_failed_train_nothing() -> None:
     half_scored = replace(batch, loss_mask=batch.response_mask * (torch.arange(len(batch)) % 2 == 0)[:, None])
     moved, _ = moved_by_update(half_scored, config)
     assert moved > 1e-4
+
+
+def episode_batch():
+    """make_batch() as multi-turn episodes: in rows with room, response tokens 1 and 2 are an observation."""
+    batch = make_batch()
+    observation = torch.zeros_like(batch.response_mask)  # (N, R)
+    long_enough = batch.response_mask.sum(-1) >= 4  # (N,)
+    observation[long_enough, 1:3] = 1.0
+    batch.response_mask = batch.response_mask * (1 - observation)
+    batch.observation_mask = observation
+    batch.loss_mask = batch.response_mask  # every sample scored: the controller's training_tokens
+    batch.ref_logprobs = batch.old_logprobs - 0.1
+    return batch
+
+
+def updated_weights(batch, config: UpdateConfig) -> dict[str, torch.Tensor]:
+    model = trainer()
+    update_policy(model, batch, config)
+    return {name: p.detach().clone() for name, p in model.model.named_parameters()}
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_sum_norm"])
+def test_what_sits_on_an_environment_token_changes_no_gradient(aggregation) -> None:
+    config = UpdateConfig(
+        world_size=1,
+        **{**CONFIG, "mini_batches": 1, "aggregation": aggregation},
+        kl_in_loss_coef=0.1,
+        entropy_coef=0.01,
+    )
+    batch = episode_batch()
+    environment = batch.observation_mask.bool()
+    assert environment.sum() > 0
+    changed = replace(
+        batch,
+        old_logprobs=torch.where(environment, batch.old_logprobs + 5.0, batch.old_logprobs),
+        ref_logprobs=torch.where(environment, batch.ref_logprobs - 3.0, batch.ref_logprobs),
+        advantages=torch.where(environment, -7.0 * batch.advantages - 1.0, batch.advantages),
+    )
+    reference = updated_weights(batch, config)
+    after_change = updated_weights(changed, config)
+    assert all(torch.equal(reference[name], after_change[name]) for name in reference)
+    # a change on the model's own tokens does move the update: the check can fail
+    model_tokens = batch.response_mask.bool()
+    control = replace(batch, advantages=torch.where(model_tokens, batch.advantages + 1.0, batch.advantages))
+    after_control = updated_weights(control, config)
+    assert not all(torch.equal(reference[name], after_control[name]) for name in reference)

@@ -164,6 +164,26 @@ def test_stop_token_ends_a_response_and_is_kept(tied: Loaded) -> None:
     assert cut.finish_reason == "stop"
 
 
+def test_a_prompt_with_its_own_seed_samples_the_same_whatever_shares_its_call(tied: Loaded) -> None:
+    """Multi-turn episodes are batched as they become ready: a row's seed and budget are its own."""
+    params = SamplingParams(max_new_tokens=12, row_seeds=(7, 8, 9), row_max_new_tokens=(12, 5, 12))
+    together = tied.engine.generate(PROMPTS, params)
+    alone = tied.engine.generate(
+        PROMPTS[1:2], SamplingParams(max_new_tokens=12, row_seeds=(8,), row_max_new_tokens=(5,))
+    )
+    assert together[1][0].token_ids == alone[0][0].token_ids
+    assert len(together[1][0].token_ids) <= 5 and len(together[0][0].token_ids) <= 12
+
+
+def test_the_next_turn_of_an_episode_reads_its_earlier_turns_from_the_prefix_cache(tied: Loaded) -> None:
+    """An episode's second message extends the context of its first: vLLM serves the shared blocks from cache."""
+    prompt = [(11 * i) % 499 + 5 for i in range(150)]  # no other test's: more than one 128-token KV block
+    first = tied.engine.generate([prompt], SamplingParams(max_new_tokens=8, row_seeds=(1,)))[0][0]
+    context = prompt + first.token_ids + [11, 12, 13]  # the episode so far: prompt, message, observation
+    second = tied.engine.generate([context], SamplingParams(max_new_tokens=8, row_seeds=(2,)))[0][0]
+    assert first.cached_tokens == 0 and second.cached_tokens >= 128
+
+
 # -- weights in, the trainer's log-probs out -------------------------------------------------------------
 def test_load_weights_returns_the_bytes_of_every_tensor_streamed(tied: Loaded) -> None:
     # fp32: 4 bytes per parameter; named_parameters yields the tied embedding once

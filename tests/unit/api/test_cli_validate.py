@@ -47,6 +47,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_examples_exist_for_each_documented_scenario():
     names = {path.stem for path in EXAMPLES}
     assert {"tiny-grpo", "grpo-7b-vllm", "ppo-critic", "separate-rollout-elastic-reward"} <= names
+    assert {"agent-python-tool", "agent-python-tool-7b"} <= names  # multi-turn with the python tool: CPU, GPU
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[path.name for path in EXAMPLES])
@@ -192,3 +193,14 @@ def test_the_gitops_guide_documents_the_hook_as_it_is_shipped():
     guide = (REPO / "docs" / "gitops.md").read_text()
     assert f"id: {pre_commit_hook()['id']}" in guide
     assert "kuberl validate --quiet --only-rljobs" in guide and pre_commit_hook()["entry"] in guide
+
+
+def test_explain_documents_every_field_of_the_environment(capsys):
+    assert main(["explain", "spec.environment"]) == 0
+    overview = capsys.readouterr().out
+    assert "only the model's tokens train" in overview and "<python>code</python>" in overview
+    for field in ("name", "maxTurns", "maxTokensPerTurn", "maxEpisodeTokens", "toolTimeoutSeconds", "toolMemoryMib"):
+        assert main(["explain", f"spec.environment.{field}"]) == 0
+        text = capsys.readouterr().out
+        description = text.split("DESCRIPTION:")[1].strip()
+        assert len(description) > 40, f"spec.environment.{field} is not documented: {text}"

@@ -189,6 +189,52 @@ BROKEN = [
         "spec.rollout.verifySyncTolerance",
         "raise verifySyncTolerance",
     ),
+    (
+        "a message longer than its episode",
+        {"environment": {"name": "python", "maxTokensPerTurn": 300, "maxEpisodeTokens": 200}},
+        "spec.environment.maxTokensPerTurn",
+        "cannot fit an episode",
+    ),
+    (
+        "the default message longer than its episode",
+        {"environment": {"name": "python", "maxEpisodeTokens": 100}, "rollout.maxNewTokens": 128},
+        "spec.rollout.maxNewTokens",
+        "raise maxEpisodeTokens or lower rollout.maxNewTokens",
+    ),
+    (
+        "two per-turn budgets",
+        {"environment": {"name": "python", "maxTokensPerTurn": 32}, "rollout.maxNewTokens": 32},
+        "spec.environment.maxTokensPerTurn",
+        "set one of the two",
+    ),
+    (
+        "overlong buffer as long as the episode",
+        {
+            "environment": {"name": "python", "maxEpisodeTokens": 64},
+            "reward.overlongPenalty": {"bufferLength": 64},
+            "rollout.maxNewTokens": 32,
+        },
+        "spec.reward.overlongPenalty.bufferLength",
+        "shorter than environment.maxEpisodeTokens",
+    ),
+    (
+        "unknown built-in environment",
+        {"environment": {"name": "bash"}},
+        "spec.environment.name",
+        "built-ins are python",
+    ),
+    (
+        "environment without a name",
+        {"environment": {"maxTurns": 3}},
+        "spec.environment.name",
+        "required field is missing",
+    ),
+    (
+        "a tool call with no time",
+        {"environment": {"name": "python", "toolTimeoutSeconds": 0}},
+        "spec.environment.toolTimeoutSeconds",
+        "greater than 0",
+    ),
 ]
 
 
@@ -238,6 +284,15 @@ VALID = [
         {"rollout.dtype": "bfloat16", "rollout.verifySync": True, "rollout.verifySyncTolerance": 0.2},
     ),
     ("overlong buffer inside the budget", {"reward.overlongPenalty": {"bufferLength": 63}, "rollout.maxNewTokens": 64}),
+    (
+        "a message that fits its episode",
+        {"environment": {"name": "python", "maxTokensPerTurn": 200, "maxEpisodeTokens": 200}},
+    ),
+    ("an environment of one's own", {"environment": {"name": "my_envs.games:TicTacToe"}}),
+    (
+        "the overlong buffer against the episode",
+        {"environment": {"name": "python", "maxEpisodeTokens": 512}, "reward.overlongPenalty": {"bufferLength": 300}},
+    ),
 ]
 
 

@@ -107,3 +107,21 @@ def test_a_local_run_offers_every_pool_at_its_largest(minimal_manifest: dict):
 @pytest.mark.parametrize("role", [ACTOR, REWARD])
 def test_every_job_has_an_actor_and_a_reward_group(minimal_manifest: dict, role: Role):
     assert topology(minimal_manifest).group(role) is not None
+
+
+def test_environment_workers_share_the_reward_pods_one_each_and_split_their_cpus(minimal_manifest: dict):
+    environment = {"name": "python", "maxEpisodeTokens": 256}
+    reward_pool = {"replicas": 2, "minReplicas": 1, "maxReplicas": 4, "cpus": 8}
+    plan = topology(minimal_manifest, environment=environment, resources={"reward": reward_pool})
+    group = plan.environment
+    assert group is not None and [g.name for g in plan.groups] == [ACTOR, REWARD, "environment"]
+    assert (group.pool, group.actors, group.max_actors, group.cpus, group.gpus) == ("reward", 2, 2, 4.0, 0)
+    assert plan.reward.cpus == 4.0  # the pod's 8 CPUs: half to its reward worker, half to its environment worker
+    assert plan.pool("reward").offered_resources == {"kuberl_reward": 2.0}  # a unit for each
+
+
+def test_without_a_reward_pool_the_environment_worker_runs_on_the_head(minimal_manifest: dict):
+    plan = topology(minimal_manifest, environment={"name": "python", "maxEpisodeTokens": 256})
+    group = plan.environment
+    assert group is not None and (group.pool, group.actors, group.cpus) == ("head", 1, 0.5)
+    assert plan.head.offered_resources == {"kuberl_head": 2.0}

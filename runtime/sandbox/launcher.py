@@ -1,0 +1,330 @@
+"""The sandbox's supervisor process: run as `python -I -S launcher.py CONFIG_JSON`, stdlib only.
+
+Started by `kuberl.runtime.sandbox.run_python` in a session of its own, with the code's stdout
+and stderr already pointing at files the caller reads afterwards. It knows nothing about RL.
+
+    launcher (L)      the caller's uid and namespaces; writes the jail's uid/gid maps, keeps the
+                      wall clock (SIGKILL to the jail at the deadline), writes status.json
+      jail (C)        unshare(user, mount, network, pid, ipc, uts); once mapped, builds a root of
+                      its own on a tmpfs: the Python installation and /usr read-only, /dev/null,
+                      /dev/zero, /dev/(u)random, the scratch folder read-write at /scratch; then
+                      becomes uid 0 of its user namespace (an unprivileged uid outside); forks
+        init (I)      pid 1 of the new pid namespace: mounts its /proc, chroots into the root,
+                      forks the code, reaps every process, reports how the code ended and exits,
+                      which makes the kernel kill whatever the code left behind
+          code (R)    no capabilities, no_new_privs, rlimits on CPU time, address space, processes,
+                      file size and open files; cwd /scratch; a clean environment; runs the code
+
+Uid 0 inside the user namespace is, outside it, an unprivileged uid: a fresh one the caller
+picked when the caller is root (so RLIMIT_NPROC binds: it never binds uid 0), the caller's own
+uid otherwise (a Kubernetes pod that runs as non-root). The network namespace has only a
+loopback device, down: no packet leaves. Each of C and I dies with its parent (PDEATHSIG), so
+killing the launcher's process group ends everything. A failure to set the jail up is reported
+in status.json as `{"error": ...}`, never as the code's own failure.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+import time
+import traceback
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+JAIL_NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 32, 1024, 2048, 4096, 16384
+MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+#: capset(2) has no glibc wrapper.
+SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+#: statvfs flags of a mount that a bind mount must keep (inside a user namespace they are locked).
+LOCKED_FLAGS = (
+    (os.ST_RDONLY, MS_RDONLY),
+    (os.ST_NOSUID, MS_NOSUID),
+    (os.ST_NODEV, MS_NODEV),
+    (os.ST_NOEXEC, MS_NOEXEC),
+    (os.ST_NOATIME, MS_NOATIME),
+    (os.ST_NODIRATIME, MS_NODIRATIME),
+    (os.ST_RELATIME, MS_RELATIME),
+)
+DEVICES = ("null", "zero", "random", "urandom")
+SCRATCH = "/scratch"
+#: The new root's mount point, relative to the sandbox's folder (the jail's working directory).
+ROOT = "root"
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+
+
+class JailError(RuntimeError):
+    """The jail could not be set up (the code never ran)."""
+
+
+def check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise JailError(f"{what}: {os.strerror(errno)} (errno {errno})")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    encode = lambda s: s.encode() if s is not None else None  # noqa: E731
+    check(libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)), f"mount {target}")
+
+
+def open_paths(paths: list[str]) -> dict[str, int]:
+    """O_PATH descriptors of the paths that exist, opened while the caller's uid can still reach them.
+
+    After the uid switch a bind mount takes its source from /proc/self/fd/N, which resolves without
+    searching the path's parents again (a Python under /root stays reachable to an unprivileged uid).
+    """
+    opened = {}
+    for path in paths:
+        if os.path.islink(path) or not os.path.exists(path):
+            continue
+        opened[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    return opened
+
+
+def bind(fd: int, target: str, *, read_only: bool, device: bool = False) -> None:
+    """The file or folder behind `fd` at `target`, keeping the flags the kernel locks in a user namespace.
+
+    A device node is bound without nodev (or it could not be opened) and noexec; everything else nosuid, nodev.
+    """
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))  # a mount point for a file
+    mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+    locked = os.statvfs(fd).f_flag
+    flags = MS_BIND | MS_REMOUNT | MS_NOSUID | (MS_NOEXEC if device else MS_NODEV) | (MS_RDONLY if read_only else 0)
+    flags |= sum(ms for st, ms in LOCKED_FLAGS if locked & st)
+    mount(None, target, None, flags)
+
+
+def build_root(root: str, scratch: int, read_only: dict[str, int], links: list[str]) -> None:
+    """A tmpfs at `root` holding only what the code needs: the read-only paths, a few devices, /scratch."""
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for path in links:  # /lib -> usr/lib on merged-/usr systems
+        os.makedirs(os.path.dirname(root + path), exist_ok=True)
+        os.symlink(os.readlink(path), root + path)
+    for path, fd in read_only.items():
+        device = path.startswith("/dev/")
+        bind(fd, root + path, read_only=not device, device=device)
+    bind(scratch, root + SCRATCH, read_only=False)
+    os.makedirs(root + "/proc")
+    mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+
+
+def enter_root(root: str) -> None:
+    """In the jail's pid namespace: its own /proc, then chroot into the root."""
+    try:  # a container that masks parts of its /proc refuses a new one inside a user namespace: go without
+        mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except JailError:
+        pass
+    os.chroot(root)
+    os.chdir("/")
+
+
+def drop_capabilities() -> None:
+    """No capabilities left in any set, and none to gain by exec (no_new_privs)."""
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    machine = os.uname().machine
+    number = SYS_CAPSET.get(machine)
+    if number is None:
+        raise JailError(f"cannot drop capabilities on {machine}: no capset number known")
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2 words: all zero
+    check(libc.syscall(number, header, data), "capset")
+
+
+def set_limits(limits: dict) -> None:
+    cpu = max(1, int(limits["cpu_seconds"] + 0.999))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL a second later
+    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"], limits["processes"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past file_bytes fails (EFBIG) instead of killing
+
+
+def run_code(code: str, limits: dict) -> None:
+    """In the code process: confine, then run `code` as __main__; never returns."""
+    status = 1
+    try:
+        drop_capabilities()
+        os.closerange(3, 65536)
+        os.chdir(SCRATCH)
+        os.environ.clear()
+        os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME=SCRATCH, TMPDIR=SCRATCH, LANG="C.UTF-8")
+        set_limits(limits)
+        status = execute(code)
+    except BaseException:  # noqa: BLE001 - whatever the set-up raises, the code has not run
+        traceback.print_exc()
+        status = 126
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def execute(code: str) -> int:
+    """Runs the code like a notebook cell: the value of a final expression is printed (unless None)."""
+    import ast
+
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        tree = ast.parse(code, "<tool>", "exec")
+        last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        if last is not None:
+            tree.body.pop()
+        exec(compile(tree, "<tool>", "exec"), namespace)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), "<tool>", "eval"), namespace)
+            if value is not None:
+                print(repr(value))  # noqa: T201 - the notebook-cell convention: the code's own stdout
+    except SystemExit as stop:
+        code_ = stop.code
+        return code_ if isinstance(code_, int) else (0 if code_ is None else 1)
+    except BaseException as error:  # noqa: BLE001 - the code's own error is its output
+        # the traceback from the code's frames on: the frame of this function is ours, not the code's
+        traceback.print_exception(type(error), error, error.__traceback__.tb_next if error.__traceback__ else None)
+        return 1
+    return 0
+
+
+def init_process(config: dict, status_fd: int, code: str) -> None:
+    """pid 1 of the jail: build the root, run the code in a child, report how it ended."""
+    report: dict = {}
+    try:
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+        enter_root(ROOT)
+        child = os.fork()
+        if child == 0:
+            os.close(status_fd)
+            run_code(code, config["limits"])
+        while True:  # pid 1 adopts every orphan: reap them all until the code's own process ends
+            pid, wait_status = os.wait()
+            if pid == child:
+                break
+        if os.WIFSIGNALED(wait_status):
+            report = {"signal": os.WTERMSIG(wait_status)}
+        else:
+            report = {"exit_code": os.WEXITSTATUS(wait_status)}
+    except BaseException as error:  # noqa: BLE001 - reported to the caller as a set-up failure
+        report = {"error": f"{type(error).__name__}: {error}"}
+    os.write(status_fd, json.dumps(report).encode())
+    os._exit(0)  # the kernel now kills every process left in the namespace
+
+
+def jail_process(config: dict, mapped_fd: int, ready_fd: int, status_fd: int, code: str) -> None:
+    """The first process in the new namespaces: builds the root, takes on its mapped uid, forks init."""
+    try:
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+        check(libc.unshare(JAIL_NAMESPACES), "unshare(user, mount, net, pid, ipc, uts)")
+        os.write(ready_fd, b"1")
+        if os.read(mapped_fd, 1) != b"1":
+            os._exit(0)  # the launcher could not map us and says why
+        devices = [f"/dev/{device}" for device in DEVICES]
+        paths = config["read_only"] + devices
+        read_only = open_paths(paths)
+        links = [path for path in config["read_only"] if os.path.islink(path)]
+        scratch = os.open(config["scratch"], os.O_PATH | os.O_CLOEXEC)
+        # From here on paths are relative to the sandbox's folder: after the uid switch its parents may be
+        # out of reach (a 0700 temporary folder of root's), the folder itself and `root` in it are not.
+        os.chdir(os.path.dirname(config["root"]))
+        mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here leaks back to the caller
+        if config["drop_groups"]:
+            os.setgroups([])
+        os.setresgid(0, 0, 0)  # files the jail creates must belong to a uid mapped in it
+        os.setresuid(0, 0, 0)
+        build_root(ROOT, scratch, read_only, links)
+    except BaseException as error:  # noqa: BLE001 - reported to the caller as a set-up failure
+        os.write(status_fd, json.dumps({"error": f"{type(error).__name__}: {error}"}).encode())
+        os._exit(0)
+    init = os.fork()
+    if init == 0:
+        init_process(config, status_fd, code)
+    os.waitpid(init, 0)
+    os._exit(0)
+
+
+def write_maps(pid: int, outside_uid: int, outside_gid: int) -> None:
+    """uid and gid 0 inside the jail are `outside_uid` / `outside_gid` outside it."""
+    if os.getuid() != 0:  # an unprivileged writer may map only its own ids, and only without setgroups
+        with open(f"/proc/{pid}/setgroups", "w") as handle:
+            handle.write("deny")
+    with open(f"/proc/{pid}/uid_map", "w") as handle:
+        handle.write(f"0 {outside_uid} 1")
+    with open(f"/proc/{pid}/gid_map", "w") as handle:
+        handle.write(f"0 {outside_gid} 1")
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    with open(config["code_path"], encoding="utf-8") as handle:
+        code = handle.read()
+    ready_r, ready_w = os.pipe()
+    mapped_r, mapped_w = os.pipe()
+    status_r, status_w = os.pipe()
+    started = time.monotonic()
+    jail = os.fork()
+    if jail == 0:
+        for fd in (ready_r, mapped_w, status_r):
+            os.close(fd)
+        jail_process(config, mapped_r, ready_w, status_w, code)
+    for fd in (ready_w, mapped_r, status_w):
+        os.close(fd)
+    report: dict = {}
+    if os.read(ready_r, 1) == b"1":
+        try:
+            write_maps(jail, config["uid"], config["gid"])
+            os.write(mapped_w, b"1")
+        except OSError as error:
+            report = {"error": f"cannot map the jail's user ids: {error}"}
+    os.close(mapped_w)
+    stopped_by_clock = wait_with_deadline(jail, started + config["limits"]["wall_seconds"] - time.monotonic())
+    written = b""
+    while chunk := os.read(status_r, 4096):
+        written += chunk
+    if written and not report:
+        report = json.loads(written)
+    if stopped_by_clock:
+        report = {"wall_time": True}
+    report["seconds"] = time.monotonic() - started
+    with open(config["status_path"], "w", encoding="utf-8") as handle:
+        json.dump(report, handle)
+
+
+def wait_with_deadline(pid: int, seconds: float) -> bool:
+    """Waits for `pid`; at the deadline kills it (its init dies with it, and the whole namespace with init).
+
+    Returns True when the deadline stopped it.
+    """
+    expired = []
+
+    def kill(*_: object) -> None:
+        expired.append(True)
+        os.kill(pid, signal.SIGKILL)
+
+    signal.signal(signal.SIGALRM, kill)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    os.waitpid(pid, 0)  # retried after the handler ran (PEP 475) until the killed child is reaped
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    return bool(expired)
+
+
+if __name__ == "__main__":
+    main()
