@@ -35,8 +35,8 @@ def published(monkeypatch: pytest.MonkeyPatch):
         StatusPublisher,
         "from_environment",
         staticmethod(
-            lambda: KubernetesStatusPublisher(
-                "demo", "team-a", server.url, None, None, configmap="demo-progress", min_interval=0.0
+            lambda rayjob=None: KubernetesStatusPublisher(
+                "demo", "team-a", server.url, None, None, configmap="demo-progress", min_interval=0.0, rayjob=rayjob
             )
         ),
     )
