@@ -205,5 +205,6 @@ class ConditionReason(StrEnum):
     FIELDS_PRUNED = "FieldsPruned"
     NO_FIELDS_PRUNED = "NoFieldsPruned"
     WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    WAITING_FOR_PREVIOUS_RAYJOB = "WaitingForPreviousRayJob"
     PREEMPTED = "Preempted"
     ADMITTED = "Admitted"

@@ -16,7 +16,8 @@ decides it.
 6. name taken   a ConfigMap of the job's names is not the job's: Created=False/NameTaken; never adopted.
 7. resume       suspend turned off: a new RayJob that resumes from the latest checkpoint.
 8. first start  no RayJob named yet: `<rljob>-0`.
-9. missing      the RayJob named in status does not exist (a crash after naming it): create exactly it.
+9. missing      the RayJob named in status does not exist (a crash after naming it, or the previous
+                RayJob was still being deleted): create exactly it, once no other RayJob of the job exists.
 10. follow      the RayJob's state decides: Queued, Starting, Running, Succeeded, or Failed -> backoff ->
                 a new RayJob `<rljob>-<n+1>` with --resume, until runPolicy.maxRestarts.
 
@@ -67,6 +68,8 @@ from kuberl.operator.status import (
 MAX_BACKOFF_SECONDS = 86400
 #: How soon to look again while a deleted RLJob's old RayJob still blocks a name.
 FOREIGN_NAME_RETRY_SECONDS = 2.0
+#: How soon to look again while the previous RayJob (its Ray cluster and pods) is still being deleted.
+PREVIOUS_RAYJOB_RETRY_SECONDS = 2.0
 #: How soon to look again while a ConfigMap of the job's name is someone else's.
 NAME_TAKEN_RETRY_SECONDS = 30.0
 #: How soon to look again while the API server does not know RayJobs.
@@ -235,9 +238,26 @@ class _Pass:
         if queue:
             waiting = f"RayJob {name} waits in Kueue queue {queue} for admission"
             self.condition(ConditionType.QUEUED, True, ConditionReason.WAITING_FOR_ADMISSION, waiting)
-        self.delete_all_but(name)
-        self.apply_children(names.rayjob_index(self.owner.name, name) or 0)
+        self.create_when_alone(name)
         return True
+
+    def create_when_alone(self, name: str) -> None:
+        """Delete every other RayJob of the job, and create RayJob `name` only once they are all gone.
+
+        RayJobs are deleted in the foreground (kube.py), so an old one exists until its Ray cluster and
+        pods are gone: while it does, its runtime may still be writing a checkpoint, and a second runtime
+        on the same checkpoint location would adopt or remove that half-written save."""
+        self.delete_all_but(name)
+        previous = [rj["metadata"]["name"] for rj in self.mine if rj["metadata"]["name"] != name]
+        if previous:
+            message = (
+                f"RayJob {name} is created once RayJob {', '.join(previous)} and its pods are gone "
+                "(two runtimes never share the checkpoint location)"
+            )
+            self.not_running(ConditionReason.WAITING_FOR_PREVIOUS_RAYJOB, message)
+            self.requeue.append(PREVIOUS_RAYJOB_RETRY_SECONDS)
+            return
+        self.apply_children(names.rayjob_index(self.owner.name, name) or 0)
 
 
 def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pass:
@@ -421,8 +441,7 @@ def _missing(p: _Pass) -> bool:
         return True
     queued = p.run_job.spec.queue_name is not None  # created suspended again: back in the queue
     p.status = replace(p.status, phase=Phase.QUEUED if queued else Phase.STARTING, dashboard_url=None)
-    p.delete_all_but(name)
-    p.apply_children(names.rayjob_index(p.owner.name, name) or 0)
+    p.create_when_alone(name)
     return True
 
 

@@ -185,9 +185,13 @@ class Kube:
         created: dict[str, Any] = self.call("POST", path, body=body)
         return created
 
-    def delete(self, path: str, *, uid: str | None = None) -> bool:
-        """Delete in the background (the garbage collector takes the dependents); False if it was gone."""
-        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+    def delete(self, path: str, *, uid: str | None = None, foreground: bool = False) -> bool:
+        """Delete; the garbage collector takes the dependents. False if it was gone.
+
+        In the background the object goes at once; in the foreground it stays, marked for deletion, until
+        every dependent that blocks its deletion (a RayJob's RayCluster, and that cluster's pods) is gone."""
+        policy = "Foreground" if foreground else "Background"
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": policy}
         if uid is not None:
             options["preconditions"] = {"uid": uid}
         try:

@@ -120,7 +120,8 @@ class Reconciler:
         if decision.write_status:
             self.write_status(observed.rljob, decision.status, str(meta["resourceVersion"]))
         for rayjob in decision.delete_rayjobs:
-            self.kube.delete(names.rayjob_path(namespace, rayjob))
+            # foreground: the RayJob stays until its pods are gone, and the next one waits for that
+            self.kube.delete(names.rayjob_path(namespace, rayjob), foreground=True)
         for child in decision.apply:
             self.apply_child(namespace, child)
         if decision.delete_rljob:

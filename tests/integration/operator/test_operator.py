@@ -160,6 +160,45 @@ def test_a_safe_spec_change_restarts_the_job_with_the_new_spec(cluster: Cluster)
     assert yaml.safe_load(configmap["data"]["rljob.yaml"])["spec"]["rollout"] == {"temperature": 0.5}
 
 
+def test_the_next_rayjob_waits_until_the_previous_one_and_its_pods_are_gone(cluster: Cluster):
+    """Two runtimes never share a checkpoint location. KubeRay's pods stand in as a ConfigMap owned by the
+    RayJob that a finalizer keeps (a pod that has not stopped yet); the real garbage collector keeps the
+    foreground-deleted RayJob until it goes, and only then does the operator create the next one."""
+    cluster.create("careful", tiny_spec())
+    old = wait_for(lambda: cluster.rayjobs().get("careful-0"), what="RayJob careful-0")
+    cluster.kuberay("careful-0", "Running", "RUNNING")
+    cluster.wait_status("careful", phase="Running")
+    stopping = "kuberl.test/pod-still-stopping"
+    pod_path = names.configmap_path(cluster.ns, "careful-0-head-standin")
+    owner = {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "careful-0", "uid": old["metadata"]["uid"]}
+    cluster.kube.create(
+        names.configmap_path(cluster.ns),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": "careful-0-head-standin",
+                "finalizers": [stopping],
+                "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}],
+            },
+        },
+    )
+    cluster.edit_spec("careful", {"rollout": {"temperature": 0.5}})
+    status = cluster.wait_status("careful", rayJobName="careful-1", observedGeneration=2)
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    assert running["reason"] == "WaitingForPreviousRayJob"
+    assert "careful-0" in running["message"]
+    time.sleep(5)  # a few passes (one every 2 s) while the stand-in pod stops
+    left = {item["metadata"]["name"]: item for item in cluster.kube.call("GET", names.rayjob_path(cluster.ns))["items"]}
+    assert set(left) == {"careful-0"}, "the next RayJob was created while the previous one still had pods"
+    assert left["careful-0"]["metadata"].get("deletionTimestamp")
+    cluster.kube.call(
+        "PATCH", pod_path, body={"metadata": {"finalizers": []}}, content_type="application/merge-patch+json"
+    )
+    wait_for(lambda: list(cluster.rayjobs()) == ["careful-1"], timeout=30, what="careful-1 after careful-0 is gone")
+    assert cluster.status("careful")["restarts"] == 0
+
+
 def test_an_unsafe_spec_change_is_refused_with_a_condition_and_an_event(cluster: Cluster):
     cluster.create("stubborn", tiny_spec())
     wait_for(lambda: "stubborn-0" in cluster.rayjobs(), what="RayJob stubborn-0")

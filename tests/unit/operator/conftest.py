@@ -76,6 +76,8 @@ class World:
     deleted: bool = False
     kuberay_missing: bool = False
     history: list[Decision] = field(default_factory=list)
+    #: RayJobs whose deletion does not finish (their pods still stop): deleted, they stay, marked for deletion
+    pods_stopping: set[str] = field(default_factory=set)
 
     def observed(self) -> Observed:
         if self.kuberay_missing:
@@ -91,8 +93,11 @@ class World:
             self.rljob["status"] = decision.status.to_status()
         if crash_after_status:
             return decision
-        for name in decision.delete_rayjobs:
-            self.rayjobs.pop(name, None)
+        for name in decision.delete_rayjobs:  # foreground: gone once its pods are
+            if name in self.pods_stopping and name in self.rayjobs:
+                self.rayjobs[name]["metadata"]["deletionTimestamp"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+            else:
+                self.rayjobs.pop(name, None)
         for child in decision.apply:
             kind, name = child["kind"], child["metadata"]["name"]
             if kind == "ConfigMap" and name.endswith("-progress"):

@@ -217,7 +217,9 @@ def test_after_the_backoff_a_new_rayjob_resumes_from_the_checkpoint(world: World
     running(world)
     world.kuberay("tiny-grpo-0", "Failed", "FAILED")
     world.step(at(100))
-    world.step(at(110))
+    world.step(at(110))  # deletes tiny-grpo-0; its successor waits until it is gone
+    assert rayjob_names(world) == []
+    world.step(at(112))
     assert rayjob_names(world) == ["tiny-grpo-1"]
     assert world.status["restarts"] == 1
     assert world.status["rayJobName"] == "tiny-grpo-1"
@@ -232,11 +234,13 @@ def test_the_second_restart_waits_twice_as_long(world: World):
     world.kuberay("tiny-grpo-0", "Failed", "FAILED")
     world.step(at(100))
     world.step(at(110))
+    world.step(at(112))
     world.kuberay("tiny-grpo-1", "Failed", "FAILED")
     assert world.step(at(200)).requeue_after == 20
     world.step(at(219))
     assert rayjob_names(world) == ["tiny-grpo-1"]
     world.step(at(220))
+    world.step(at(222))  # the next pass: the old RayJob is gone
     assert rayjob_names(world) == ["tiny-grpo-2"]
     assert world.status["restarts"] == 2
 
@@ -247,6 +251,7 @@ def test_the_job_fails_when_max_restarts_are_used_up(world: World):
         world.kuberay(f"tiny-grpo-{index}", "Failed", "FAILED")
         world.step(at(moment))
         world.step(at(moment + 60))
+        world.step(at(moment + 62))  # the next pass: the old RayJob is gone
     world.kuberay("tiny-grpo-2", "Failed", "FAILED")
     decision = world.step(at(300))
     assert world.status["phase"] == "Failed"
@@ -272,6 +277,7 @@ def test_zero_backoff_restarts_in_the_same_pass():
     running(world)
     world.kuberay("tiny-grpo-0", "Failed", "FAILED")
     world.step(at(10))
+    world.step(at(12))  # the next pass: the old RayJob is gone
     assert rayjob_names(world) == ["tiny-grpo-1"]
 
 
@@ -281,6 +287,7 @@ def test_a_preempted_runtime_exit_75_restarts_like_any_failure(world: World):
     world.step(at(100))
     assert "exited with code 75" in world.condition("Restarting")["message"]
     world.step(at(110))
+    world.step(at(112))  # the next pass: the old RayJob is gone
     assert rayjob_names(world) == ["tiny-grpo-1"]
 
 
@@ -291,6 +298,7 @@ def test_a_crash_after_committing_a_restart_never_restarts_twice(world: World):
     world.step(at(110), crash_after_status=True)
     assert world.status["restarts"] == 1
     world.step(at(111))
+    world.step(at(113))
     assert world.status["restarts"] == 1
     assert rayjob_names(world) == ["tiny-grpo-1"]
 
@@ -409,6 +417,7 @@ def test_a_safe_spec_change_restarts_from_the_checkpoint_with_the_new_spec(world
     running(world)
     world.edit_spec({"rollout": {"temperature": 0.5}})
     decision = world.step(at(10))
+    world.step(at(12))  # the next pass: the old RayJob is gone
     assert rayjob_names(world) == ["tiny-grpo-1"]
     assert "--resume" in world.rayjobs["tiny-grpo-1"]["spec"]["entrypoint"]
     assert spec_in_configmap(world)["rollout"] == {"temperature": 0.5}
@@ -547,6 +556,7 @@ def test_a_configuration_error_of_an_earlier_rayjob_does_not_stop_a_restart_of_t
     world.step(at(100))
     assert world.status["phase"] == "Restarting"
     world.step(at(110))
+    world.step(at(112))  # the next pass: the old RayJob is gone
     assert rayjob_names(world) == ["tiny-grpo-1"]
 
 
@@ -575,3 +585,27 @@ def test_the_reported_validation_scores_reach_the_status(world: World):
     world.progress = report(progress={"step": 4})  # a report without scores keeps the last ones
     world.step(at(6))
     assert world.status["validation"] == scores
+
+
+def test_the_next_rayjob_waits_until_the_previous_one_and_its_pods_are_gone(world: World):
+    """Two runtimes never share a checkpoint location: the old RayJob is deleted in the foreground, and the
+    next is created only once the old one (kept while its pods stop) no longer exists."""
+    running(world)
+    world.pods_stopping.add("tiny-grpo-0")
+    world.edit_spec({"rollout": {"temperature": 0.5}})
+    first = world.step(at(10))
+    assert first.delete_rayjobs == ("tiny-grpo-0",)
+    assert not any(child["kind"] == "RayJob" for child in first.apply)
+    assert first.requeue_after == 2.0
+    assert world.status["rayJobName"] == "tiny-grpo-1"  # named first: a crash now never makes two
+    assert world.condition("Running")["reason"] == "WaitingForPreviousRayJob"
+    assert "tiny-grpo-0" in world.condition("Running")["message"]
+    for moment in (12, 14, 16):  # its pods take a while
+        assert not any(child["kind"] == "RayJob" for child in world.step(at(moment)).apply)
+        assert rayjob_names(world) == ["tiny-grpo-0"]
+    world.pods_stopping.clear()
+    world.step(at(18))  # deletes it again: now it goes
+    assert rayjob_names(world) == []
+    world.step(at(20))
+    assert rayjob_names(world) == ["tiny-grpo-1"]
+    assert world.status["restarts"] == 0

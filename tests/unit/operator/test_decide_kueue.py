@@ -106,6 +106,7 @@ def test_a_restart_of_a_queued_job_queues_its_new_rayjob(queued: World):
     queued.kuberay("tiny-grpo-0", "Failed", "FAILED")
     queued.step(at(20))
     queued.step(at(40))  # after the 10 s backoff
+    queued.step(at(42))  # the next pass: the old RayJob is gone
     assert queued.status["rayJobName"] == "tiny-grpo-1"
     assert queued.rayjobs["tiny-grpo-1"]["spec"]["suspend"] is True
     assert queued.status["phase"] == "Queued"
