@@ -53,6 +53,19 @@ WEBHOOK_KEY_ENV = "KUBERL_WEBHOOK_KEY"
 
 # -- who writes what (server-side apply field managers) -----------------------------
 #: The operator owns spec-derived children and the whole status (it copies the runtime's report into it).
+#: Ray's own variable: how long its job supervisor waits between SIGTERM to the driver and SIGKILL (default 3 s).
+#: The operator sets it from spec.runPolicy.stopGracePeriodSeconds; the driver reads it to know its window.
+RAY_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
+#: The pods outlive the driver's window by this much, so Ray's SIGKILL comes before the kubelet's.
+POD_GRACE_MARGIN_SECONDS = 15
+
+
+def pod_grace_seconds(stop_grace_seconds: int) -> int:
+    """terminationGracePeriodSeconds for every pod of a job that may stop for this long (the workers too:
+    the ranks write the checkpoint's shards)."""
+    return stop_grace_seconds + POD_GRACE_MARGIN_SECONDS
+
+
 OPERATOR_FIELD_MANAGER = "kuberl-operator"
 #: The runtime owns only the data of its job's report ConfigMap.
 RUNTIME_FIELD_MANAGER = "kuberl-runtime"

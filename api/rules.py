@@ -305,6 +305,22 @@ def episode_budgets_fit(spec: "RLJobSpec") -> Iterator[RuleProblem]:
         )
 
 
+def pods_outlive_the_stop_window(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    """A pod template's own terminationGracePeriodSeconds must leave the driver its stop window."""
+    window = spec.run_policy.stop_grace_period_seconds
+    placements = {"head": spec.resources.head} | {role.value: getattr(spec.resources, role.value) for role in Role}
+    for name, placement in placements.items():
+        template = placement.pod_template if placement is not None else None
+        pod = template.get("spec") if isinstance(template, dict) else None
+        grace = pod.get("terminationGracePeriodSeconds") if isinstance(pod, dict) else None
+        if isinstance(grace, int) and grace < window:
+            yield (
+                ("resources", name, "podTemplate", "spec", "terminationGracePeriodSeconds"),
+                f"{grace} s is shorter than runPolicy.stopGracePeriodSeconds ({window} s): the pod would be killed "
+                "while the job saves its checkpoint; remove it (kuberl sets the window plus 15 s) or raise it",
+            )
+
+
 ALGORITHM_RULES: tuple[Rule, ...] = (
     group_estimators_need_groups,
     sequence_losses_weigh_each_response_once,
@@ -329,6 +345,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     lora_reference_keeps_the_actors_dtype,
     verify_sync_allows_the_rollout_precision,
     episode_budgets_fit,
+    pods_outlive_the_stop_window,
 )
 
 

@@ -640,6 +640,17 @@ class RunPolicy(KuberlModel):
     ttl_seconds_after_finished: int | None = Field(
         None, ge=0, le=MAX_DURATION_SECONDS, description="Delete the job this long after it succeeded or failed."
     )
+    stop_grace_period_seconds: int = Field(
+        120,
+        ge=3,
+        le=3600,
+        description="How long a run that is stopped (suspend, a spec change, deletion, a restart) has to save a "
+        "checkpoint before it is killed. On Kubernetes the operator sets Ray's RAY_JOB_STOP_WAIT_TIME_S (the wait "
+        "between SIGTERM to the driver and SIGKILL, 3 s by default in Ray) to it, and every pod's "
+        "terminationGracePeriodSeconds to it plus 15 s. On the signal the driver finishes its step and saves; "
+        "it logs when that cannot fit the window, and the job then resumes from the last commit. Set it above "
+        "a step plus a save.",
+    )
 
 
 class EnvVar(KuberlModel):

@@ -223,6 +223,8 @@ def pod_template(
         # autoscaler, a container of the head pod, uses it); worker pods, which run reward code, get no token
         "serviceAccountName": names.runtime_account_name(job.metadata.name),
         "automountServiceAccountToken": role == HEAD_ROLE,
+        # every pod outlives the driver's stop window: the ranks on the workers write the checkpoint's shards
+        "terminationGracePeriodSeconds": contract.pod_grace_seconds(job.spec.run_policy.stop_grace_period_seconds),
     }
     if pool is not None and pool.node_selector:
         spec["nodeSelector"] = dict(pool.node_selector)
@@ -328,6 +330,10 @@ def build_rayjob(
                 resume=index > 0 or job.spec.queue_name is not None, rayjob=names.rayjob_name(owner.name, index)
             ),
             "submissionMode": "HTTPMode",
+            # Ray's job supervisor reads this from the job's runtime_env: the driver's SIGTERM-to-SIGKILL window
+            "runtimeEnvYAML": yaml.safe_dump(
+                {"env_vars": {contract.RAY_STOP_WAIT_ENV: str(job.spec.run_policy.stop_grace_period_seconds)}}
+            ),
             # Kueue admits a queued RayJob by unsuspending it; it must be created suspended.
             **({"suspend": True} if job.spec.queue_name else {}),
             "shutdownAfterJobFinishes": True,

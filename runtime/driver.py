@@ -15,6 +15,7 @@
 """
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from kuberl.api import RLJob
 from kuberl.api.contract import CHECKPOINT_MOUNT_DIR
 from kuberl.runtime.checkpoint import CheckpointRef, CheckpointStore, PreemptionWatcher, should_save
 from kuberl.runtime.checkpoint.policy import Start, start_from
+from kuberl.runtime.checkpoint.preemption import stop_window_seconds
 from kuberl.runtime.controller import Controller, StepResult
 from kuberl.runtime.data import DataError
 from kuberl.runtime.environments.registry import EnvironmentConfigError
@@ -112,6 +114,7 @@ class Checkpointing:
         self.last_step: int | None = None
         self.last_time = time.monotonic()
         self.latest: CheckpointRef | None = None
+        self.last_save_seconds: float | None = None  # how long the last save took, for the stop window's outlook
 
     def start_point(self, restart: bool) -> CheckpointRef | None:
         """The checkpoint the run resumes from, None to start fresh; refuses to start over saved work."""
@@ -152,16 +155,22 @@ class Checkpointing:
         log.info("resumed from the checkpoint of step %d: %s", self.last_step, ref.uri)
         return self.last_step
 
-    def after_step(self, step: int, epoch: int, *, final: bool, preempted: bool) -> None:
+    def after_step(
+        self, step: int, epoch: int, *, final: bool, preempted: bool, stopping: PreemptionWatcher | None = None
+    ) -> None:
         done = step + 1
         if not should_save(done, self.last_step, self.last_time, time.monotonic(), self.spec, final, preempted):
             return
+        if preempted and stopping is not None:
+            stopping.warn_if_the_save_may_not_fit(self.last_save_seconds, self.last_step)
+        started = time.monotonic()
         location = self.store.begin(done)
         assert self.groups is not None
         for group in self.groups.trainers:  # each group's ranks write their own models' shards
             group.call("save_checkpoint", location)
         self.latest = self.store.commit(location, done, {"step": done, "epoch": epoch}, self.job.to_manifest())
         self.last_step, self.last_time = done, time.monotonic()
+        self.last_save_seconds = self.last_time - started
 
     def export(self, plan: RunPlan, directory: Path) -> Path | None:
         """The latest checkpoint's actor as a Hugging Face folder (the last step always saves, so it is final)."""
@@ -208,7 +217,9 @@ class StepRecorder:
         self.trackers.record(self.reporter.history[-1])  # wandb and MLflow get the record metrics.jsonl just got
         failure = self.health.observe(result.step + 1, result.metrics, self.reward.last_failure)
         if self.health.may_checkpoint:  # never after a NaN step: keepLast would rotate out the good ones
-            self.checkpointing.after_step(result.step, result.epoch, final=final, preempted=preempted)
+            self.checkpointing.after_step(
+                result.step, result.epoch, final=final, preempted=preempted, stopping=self.preemption
+            )
         latest = self.checkpointing.latest
         self.export_checkpoint()
         progress = {
@@ -282,7 +293,7 @@ def _run(
     if exporter is not None:
         log.info("serving Prometheus metrics at http://0.0.0.0:%d/metrics", exporter.port)
     try:
-        with PreemptionWatcher() as preemption:
+        with PreemptionWatcher(window_seconds=stop_window_seconds(os.environ)) as preemption:
             groups = start_groups(plan)
             start_step = checkpointing.begin(groups, resume_from)
             reporter = RunReporter(

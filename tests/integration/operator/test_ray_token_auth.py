@@ -1,4 +1,5 @@
-"""A job's Ray cluster refuses a job submitted without its token (real Ray, token authentication as configured).
+"""A job's Ray cluster refuses a job submitted without its token (real Ray, token authentication as configured),
+and gives a stopped driver the RLJob's stop grace period (the RayJob's runtimeEnvYAML, read by Ray's supervisor).
 
 The operator's part is the RayJob's `authOptions` and the Secret it creates with a fresh token; KubeRay's
 part, which cannot run here, is to put that token into the Ray containers. This test plays KubeRay's part
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kuberl.api import parse_rljob
 from kuberl.operator.access import RAY_TOKEN_KEY, build_ray_token_secret, with_new_token
@@ -119,3 +121,54 @@ def test_the_jobs_own_token_is_let_in_and_nothing_refused_ran(authenticated_head
     assert status == 200
     submitted = [job for job in json.loads(text) if job["type"] == "SUBMISSION"]
     assert submitted == []  # the refused submissions above never ran
+
+
+TRAPS_SIGTERM = """
+import signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+def stopping(*_):
+    out.write_text("SIGTERM\\n")
+    time.sleep(6)  # a checkpoint's save
+    out.write_text("SIGTERM\\nsaved\\n")
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stopping)
+out.write_text("running\\n")
+time.sleep(300)
+"""
+
+
+def test_a_stopped_job_gets_the_rljobs_stop_grace_period_before_sigkill(
+    authenticated_head: tuple[str, str], tmp_path: Path
+):
+    """KubeRay stops a RayJob's Ray job on suspend, a spec change or deletion; Ray's job supervisor then gives the
+    driver RAY_JOB_STOP_WAIT_TIME_S (3 s by default) between SIGTERM and SIGKILL. The RayJob's runtimeEnvYAML
+    carries runPolicy.stopGracePeriodSeconds there: a driver whose save takes 6 s finishes it."""
+    url, token = authenticated_head
+    spec = base_spec()
+    spec["runPolicy"] = {"stopGracePeriodSeconds": 20}
+    owner = Owner(name="tiny-grpo", namespace="team-a", uid=UID)
+    rayjob = build_rayjob(parse_rljob(make_rljob(spec)), owner, 0, default_image="i:1", generation=1)
+    runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])  # KubeRay sends it as the job's runtime_env
+    script, out = tmp_path / "driver.py", tmp_path / "driver.out"
+    script.write_text(TRAPS_SIGTERM)
+    body = {"entrypoint": f"{sys.executable} {script} {out}", "runtime_env": runtime_env}
+    status, text = jobs_api(url, "POST", token=token, body=body)
+    assert status == 200, text
+    job_id = json.loads(text)["submission_id"]
+    deadline = time.monotonic() + 60
+    while not (out.exists() and out.read_text() == "running\n"):
+        assert time.monotonic() < deadline, "the driver did not start"
+        time.sleep(0.2)
+    request = urllib.request.Request(
+        f"{url}/api/jobs/{job_id}/stop", method="POST", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:  # what KubeRay's StopJob calls
+        assert response.status == 200
+    deadline = time.monotonic() + 40
+    while (state := json.loads(jobs_api(url, "GET", token=token)[1])) and any(
+        job["submission_id"] == job_id and job["status"] not in ("STOPPED", "FAILED", "SUCCEEDED") for job in state
+    ):
+        assert time.monotonic() < deadline, "the stopped job never ended"
+        time.sleep(0.5)
+    assert out.read_text() == "SIGTERM\nsaved\n", "the driver was killed before its save finished"

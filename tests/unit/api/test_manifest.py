@@ -215,3 +215,19 @@ def test_lora_defaults_and_refusals_name_the_field(minimal_manifest):
         "spec.models.actor.lora.targetModules",
         "spec.models.actor.lora.sync",
     } <= set(problems), problems
+
+
+def test_a_pod_grace_period_shorter_than_the_stop_window_is_refused(minimal_manifest):
+    manifest = with_spec(
+        minimal_manifest,
+        runPolicy={"stopGracePeriodSeconds": 300},
+        resources={"head": {"podTemplate": {"spec": {"terminationGracePeriodSeconds": 30}}}},
+    )
+    problems = problems_of(manifest)
+    path = "spec.resources.head.podTemplate.spec.terminationGracePeriodSeconds"
+    assert "shorter than runPolicy.stopGracePeriodSeconds (300 s)" in problems[path]
+
+
+def test_the_stop_window_is_at_least_rays_own(minimal_manifest):
+    problems = problems_of(with_spec(minimal_manifest, runPolicy={"stopGracePeriodSeconds": 1}))
+    assert "spec.runPolicy.stopGracePeriodSeconds" in problems

@@ -302,3 +302,17 @@ def test_the_head_serves_the_runtime_metrics_on_a_named_port_and_only_the_head()
     for group in groups(rayjob).values():
         (worker,) = group["template"]["spec"]["containers"]
         assert contract.METRICS_PORT_ENV not in {entry["name"] for entry in worker["env"]}
+
+
+def test_the_stop_grace_period_reaches_rays_job_supervisor_and_every_pod():
+    rayjob = rayjob_for({"runPolicy": {"stopGracePeriodSeconds": 600}, "resources": {"reward": {"replicas": 1}}})
+    runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+    assert runtime_env == {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "600"}}
+    assert [pod["terminationGracePeriodSeconds"] for pod in all_pod_specs(rayjob)] == [615, 615, 615]
+
+
+def test_a_pod_templates_longer_grace_period_is_kept():
+    placement = {"podTemplate": {"spec": {"terminationGracePeriodSeconds": 900}}}
+    rayjob = rayjob_for({"resources": {"actor": placement}})
+    assert groups(rayjob)["actor"]["template"]["spec"]["terminationGracePeriodSeconds"] == 900
+    assert rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 135

@@ -25,6 +25,7 @@ import yaml
 from kuberl.api.spec import CheckpointSpec
 from kuberl.runtime.checkpoint import CheckpointError, CheckpointStore, PreemptionWatcher, should_save
 from kuberl.runtime.checkpoint.policy import Start, start_from
+from kuberl.runtime.checkpoint.preemption import RAY_JOB_MARKER_ENV, save_outlook, stop_window_seconds
 from kuberl.runtime.checkpoint.storage import Location, storage_options
 from kuberl.runtime.checkpoint.store import JOB_MANIFEST, LATEST, MARKER, TRAIN_STATE
 from kuberl.runtime.status_publisher import KubernetesStatusPublisher, StatusPublisher, status_metrics
@@ -252,6 +253,41 @@ def test_sigterm_sets_the_preemption_flag_instead_of_killing():
         assert not watcher.requested
         os.kill(os.getpid(), signal.SIGTERM)
         assert watcher.requested and watcher.signal_name == "SIGTERM"
+
+
+def test_the_stop_window_is_rays_only_inside_a_ray_job():
+    assert stop_window_seconds({}) is None  # kuberl run: no SIGKILL follows
+    assert stop_window_seconds({RAY_JOB_MARKER_ENV: "{}"}) == 3.0  # Ray's default
+    assert stop_window_seconds({RAY_JOB_MARKER_ENV: "{}", "RAY_JOB_STOP_WAIT_TIME_S": "120"}) == 120.0
+
+
+@pytest.mark.parametrize(
+    ("window", "elapsed", "save_seconds", "expected"),
+    [
+        (None, 500.0, 60.0, None),  # locally nothing kills the save
+        (120.0, 30.0, 60.0, None),  # 90 s left, a save takes 60
+        (120.0, 80.0, 60.0, "40 s of the 120 s stop window are left and the last save took 60 s"),
+        (120.0, 30.0, None, None),  # no save timed yet: no guess
+        (3.0, 9.0, None, "the stop window (3 s) is already over"),
+    ],
+)
+def test_the_save_outlook_warns_only_when_the_save_is_unlikely_to_fit(window, elapsed, save_seconds, expected):
+    warning = save_outlook(window, elapsed, save_seconds, committed=40)
+    if expected is None:
+        assert warning is None
+    else:
+        assert warning is not None and expected in warning and "resumes from step 40" in warning
+
+
+def test_a_sigterm_late_in_the_window_is_warned_about_before_the_save(caplog: pytest.LogCaptureFixture):
+    with PreemptionWatcher(window_seconds=3.0) as watcher:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert watcher.received_at is not None
+        watcher.received_at -= 2.5  # the step under way ended 2.5 s after the signal
+        with caplog.at_level(logging.WARNING):
+            watcher.warn_if_the_save_may_not_fit(save_seconds=4.0, committed=None)
+    assert "Ray kills this driver 3 s after it" in caplog.text
+    assert "likely cut off by SIGKILL, and the job starts again from step 0" in caplog.text
 
 
 def test_closing_the_watcher_restores_the_previous_handler():
