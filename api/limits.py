@@ -18,3 +18,5 @@ MAX_SEED = 2**32 - 1
 MAX_STREAK = 1000
 #: Loss coefficients and clip ranges.
 MAX_COEFFICIENT = 1000.0
+#: Tokens in one micro-batch of one rank (a token-budget micro-batch): 16M, far above any device's memory.
+MAX_TOKENS_PER_MICRO_BATCH = 1 << 24

@@ -27,7 +27,7 @@ from kuberl.api.policy_losses import LOSS_KNOB_SECTIONS, SEQUENCE_LEVEL_LOSSES
 if TYPE_CHECKING:
     from kuberl.api.algorithm import AlgorithmSpec
     from kuberl.api.resources import ResourcesSpec
-    from kuberl.api.spec import CheckpointSpec, RewardSpec, RLJobSpec, RolloutSpec
+    from kuberl.api.spec import CheckpointSpec, OffloadSpec, RewardSpec, RLJobSpec, RolloutSpec
 
 RuleProblem = tuple[tuple[str | int, ...], str]
 Rule = Callable[[Any], Iterator[RuleProblem]]
@@ -247,6 +247,61 @@ def lora_reference_keeps_the_actors_dtype(spec: "RLJobSpec") -> Iterator[RulePro
         )
 
 
+def optimizer_offload_goes_with_params(offload: "OffloadSpec") -> Iterator[RuleProblem]:
+    """FSDP2's CPUOffloadPolicy moves parameters, gradients and optimiser state together, and the optimiser steps
+    where the parameters live: neither half can be had alone."""
+    if offload.params and not offload.optimizer:
+        yield (
+            ("optimizer",),
+            "with params offloaded FSDP2 steps the optimiser on the CPU, so its state is in host memory too; "
+            "set optimizer: true as well",
+        )
+    if offload.optimizer and not offload.params:
+        yield (
+            ("optimizer",),
+            "FSDP2 offloads the optimiser state only together with the parameters (its CPUOffloadPolicy steps the "
+            "optimiser where the parameters live); set params: true as well, or neither",
+        )
+
+
+def lora_reference_is_not_offloaded(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    actor, reference = spec.models.actor, spec.models.reference
+    if actor.lora is None or reference is None or not reference.offload.params:
+        return
+    if reference.path in (None, actor.path):  # the reference is the actor's own base weights, adapters off
+        yield (
+            ("models", "reference", "offload", "params"),
+            "with LoRA the reference is the actor's own base weights with the adapters off, not a model of its own; "
+            "remove models.reference.offload (models.actor.offload offloads those weights), or give the reference "
+            "a path of its own",
+        )
+
+
+def token_budgets_fit_a_sequence(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    """verl asserts the same at start-up (max_token_len must be >= the longest sequence); here it is refused at
+    the door: a sequence longer than the budget could only get a pass of its own, over the budget."""
+    longest = spec.data.max_prompt_length + spec.max_response_tokens
+    models = spec.models
+    budgets: list[tuple[str, str, int | None]] = [
+        ("actor", "maxTokensPerMicroBatch", models.actor.max_tokens_per_micro_batch),
+        ("actor", "forwardMaxTokensPerMicroBatch", models.actor.forward_max_tokens_per_micro_batch),
+    ]
+    if models.critic is not None:
+        budgets += [
+            ("critic", "maxTokensPerMicroBatch", models.critic.max_tokens_per_micro_batch),
+            ("critic", "forwardMaxTokensPerMicroBatch", models.critic.forward_max_tokens_per_micro_batch),
+        ]
+    if models.reference is not None:
+        budgets.append(("reference", "maxTokensPerMicroBatch", models.reference.max_tokens_per_micro_batch))
+    for role, field, budget in budgets:
+        if budget is not None and budget < longest:
+            yield (
+                ("models", role, field),
+                f"{budget} tokens cannot hold the longest sequence, data.maxPromptLength + the response budget = "
+                f"{longest}; raise it to at least {longest}",
+            )
+
+
 #: Below this, a sync probe cannot tell a stale engine from one running in a lower precision than the trainer.
 LOW_PRECISION_PROBE_TOLERANCE = 1e-2
 
@@ -331,6 +386,7 @@ REWARD_RULES: tuple[Rule, ...] = (batch_timeout_covers_endpoint_retries,)
 RESOURCES_RULES: tuple[Rule, ...] = (replicas_within_bounds,)
 ROLLOUT_RULES: tuple[Rule, ...] = (engine_logprobs_need_sampling_at_temperature, engine_args_are_vllms)
 CHECKPOINT_RULES: tuple[Rule, ...] = (checkpoint_storage_is_one_place,)
+OFFLOAD_RULES: tuple[Rule, ...] = (optimizer_offload_goes_with_params,)
 #: Rules that read more than one section of the spec.
 SPEC_RULES: tuple[Rule, ...] = (
     gae_needs_a_critic,
@@ -343,6 +399,8 @@ SPEC_RULES: tuple[Rule, ...] = (
     validation_needs_prompts,
     queued_jobs_have_fixed_pools,
     lora_reference_keeps_the_actors_dtype,
+    lora_reference_is_not_offloaded,
+    token_budgets_fit_a_sequence,
     verify_sync_allows_the_rollout_precision,
     episode_budgets_fit,
     pods_outlive_the_stop_window,

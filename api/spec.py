@@ -20,9 +20,24 @@ from kuberl.api.enums import (
     RolloutPlacement,
 )
 from kuberl.api.environment import ENVIRONMENT_DESCRIPTION, EnvironmentSpec
-from kuberl.api.limits import MAX_BATCH, MAX_COEFFICIENT, MAX_DURATION_SECONDS, MAX_SEED, MAX_STEPS, MAX_STREAK
+from kuberl.api.limits import (
+    MAX_BATCH,
+    MAX_COEFFICIENT,
+    MAX_DURATION_SECONDS,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_STREAK,
+    MAX_TOKENS_PER_MICRO_BATCH,
+)
 from kuberl.api.resources import ResourcesSpec
-from kuberl.api.rules import CHECKPOINT_RULES, REWARD_RULES, ROLLOUT_RULES, SPEC_RULES, raise_rule_problems
+from kuberl.api.rules import (
+    CHECKPOINT_RULES,
+    OFFLOAD_RULES,
+    REWARD_RULES,
+    ROLLOUT_RULES,
+    SPEC_RULES,
+    raise_rule_problems,
+)
 from kuberl.api.tracking import TrackingSpec
 
 #: Schemes a model or data location may use; anything else is refused at the door.
@@ -174,6 +189,53 @@ class LoRASpec(KuberlModel):
     )
 
 
+def token_budget_description(what: str, row_field: str, verl: str) -> str:
+    """The description of a token-budget micro-batch field (models.<role>.maxTokensPerMicroBatch and its kin)."""
+    return (
+        f"Cut {what} into micro-batches by tokens instead of rows: each pass on one rank holds as many rows as fit "
+        "in this many prompt + response tokens (padding not counted), so short responses share a pass and a long "
+        f"one gets its own; every rank runs the same number of passes. {row_field} is not used when this is set. "
+        f"At least data.maxPromptLength + the response budget (the longest sequence must fit). verl: {verl}."
+    )
+
+
+class OffloadSpec(KuberlModel):
+    """Where a trained model's FSDP2 shards live between uses: on the accelerator, or in host memory.
+
+    Both on is FSDP2's `CPUOffloadPolicy`: the sharded parameters, their gradients and the optimiser state stay
+    in host memory; each layer's shard is copied to the device for its all-gather, gradients are copied back,
+    and the optimiser step runs on the CPU. It trades step time for device memory (the model's weights and the
+    two AdamW moments, 16 bytes a parameter in float32, leave the device). FSDP2 steps the optimiser where the
+    parameters live, so the two go together: one without the other is refused.
+    """
+
+    params: bool = Field(
+        False,
+        description="Keep the sharded parameters and their gradients in host memory between uses (FSDP2 "
+        "CPUOffloadPolicy; verl: fsdp_config.param_offload). Needs optimizer: true as well.",
+    )
+    optimizer: bool = Field(
+        False,
+        description="Keep the optimiser state (AdamW's moments) in host memory and step on the CPU (verl: "
+        "fsdp_config.optimizer_offload). FSDP2 does this only together with params: true.",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> "OffloadSpec":
+        raise_rule_problems(self, OFFLOAD_RULES)
+        return self
+
+
+class ReferenceOffloadSpec(KuberlModel):
+    """Where the frozen reference's FSDP2 shards live between forward passes."""
+
+    params: bool = Field(
+        False,
+        description="Keep the reference's sharded parameters in host memory, copied to the device layer by layer "
+        "for each forward (FSDP2 CPUOffloadPolicy; verl: actor_rollout_ref.ref.fsdp_config.param_offload).",
+    )
+
+
 class ActorModel(ModelSource):
     """The policy being trained."""
 
@@ -200,6 +262,29 @@ class ActorModel(ModelSource):
         le=MAX_BATCH,
         description="Sequences per forward pass when the actor recomputes the behaviour (old) log-probs, no "
         "gradient kept (verl: rollout.log_prob_micro_batch_size_per_gpu). Default: training.microBatchSize.",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS_PER_MICRO_BATCH,
+        description=token_budget_description(
+            "the actor's update", "microBatchSize", "actor.use_dynamic_bsz with actor.ppo_max_token_len_per_gpu"
+        ),
+    )
+    forward_max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS_PER_MICRO_BATCH,
+        description=token_budget_description(
+            "the actor's old-log-prob forward",
+            "forwardMicroBatchSize",
+            "rollout.log_prob_use_dynamic_bsz with rollout.log_prob_max_token_len_per_gpu",
+        ),
+    )
+    offload: OffloadSpec = Field(
+        default_factory=OffloadSpec,
+        description="CPU offload of the actor's parameters and optimiser state (verl: "
+        "actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload).",
     )
 
 
@@ -230,6 +315,29 @@ class CriticModel(KuberlModel):
         description="Sequences per forward pass computing the values before the update (verl: "
         "critic.forward_micro_batch_size_per_gpu). Default: training.microBatchSize.",
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS_PER_MICRO_BATCH,
+        description=token_budget_description(
+            "the critic's update", "microBatchSize", "critic.use_dynamic_bsz with critic.ppo_max_token_len_per_gpu"
+        ),
+    )
+    forward_max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS_PER_MICRO_BATCH,
+        description=token_budget_description(
+            "the critic's value forward",
+            "forwardMicroBatchSize",
+            "critic.use_dynamic_bsz with critic.forward_max_token_len_per_gpu",
+        ),
+    )
+    offload: OffloadSpec = Field(
+        default_factory=OffloadSpec,
+        description="CPU offload of the critic's parameters and optimiser state (verl: "
+        "critic.model.fsdp_config.param_offload / optimizer_offload).",
+    )
 
     @field_validator("path")
     @classmethod
@@ -253,6 +361,21 @@ class ReferenceModel(KuberlModel):
         le=MAX_BATCH,
         description="Sequences per forward pass of the reference's log-probs on one rank (verl: "
         "ref.log_prob_micro_batch_size_per_gpu). Default: training.microBatchSize.",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS_PER_MICRO_BATCH,
+        description=token_budget_description(
+            "the reference's log-prob forward",
+            "microBatchSize",
+            "ref.log_prob_use_dynamic_bsz with ref.log_prob_max_token_len_per_gpu",
+        ),
+    )
+    offload: ReferenceOffloadSpec = Field(
+        default_factory=ReferenceOffloadSpec,
+        description="CPU offload of the reference's parameters. Not with a LoRA actor whose reference is its own "
+        "base weights (there is no second copy to offload).",
     )
 
     @field_validator("path")
@@ -548,6 +671,14 @@ class TrainingSpec(KuberlModel):
         le=MAX_BATCH,
         description="Sequences per forward/backward pass on one rank (gradient accumulation): the default of every "
         "role's microBatchSize and forwardMicroBatchSize (models.actor, models.critic, models.reference).",
+    )
+    padding_free: bool = Field(
+        False,
+        description="Packed forward passes: the rows of a micro-batch are concatenated without their padding into "
+        "one sequence whose position ids restart at 0 for each row, and attention stays within a row. The same "
+        "log-probs and values as the padded forward, without computing the padding (a batch of mixed lengths is "
+        "mostly padding). Applies to every trainer: actor, critic, reference. verl: "
+        "actor_rollout_ref.model.use_remove_padding, critic.model.use_remove_padding.",
     )
     step_timeout_seconds: float = Field(
         3600.0,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from kuberl.api import AlgorithmSpec, RLJobSpec
 from kuberl.runtime.algorithms.correction import CorrectionConfig
 from kuberl.runtime.algorithms.losses import PolicyLossConfig
+from kuberl.runtime.engines.micro_batches import MicroBatching
 
 
 def policy_loss_config(algorithm: AlgorithmSpec) -> PolicyLossConfig:
@@ -58,10 +59,21 @@ class MicroBatchSizes:
     critic_update: int  # models.critic.microBatchSize
     critic_forward: int  # models.critic.forwardMicroBatchSize: the values before the update
     reference_forward: int  # models.reference.microBatchSize
+    #: Token budgets (models.<role>.maxTokensPerMicroBatch, forwardMaxTokensPerMicroBatch; verl's use_dynamic_bsz):
+    #: where set, micro-batches are cut by tokens and the row count beside it is not used.
+    actor_update_tokens: int | None = None
+    actor_forward_tokens: int | None = None
+    critic_update_tokens: int | None = None
+    critic_forward_tokens: int | None = None
+    reference_forward_tokens: int | None = None
 
-    def forward(self, role: str) -> int:
-        """The micro-batch size of `role`'s forward-only pass (actor, critic or reference)."""
-        return {"actor": self.actor_forward, "critic": self.critic_forward, "reference": self.reference_forward}[role]
+    def forward(self, role: str) -> MicroBatching:
+        """How `role`'s forward-only pass (actor, critic or reference) is cut."""
+        return {
+            "actor": MicroBatching(self.actor_forward, self.actor_forward_tokens),
+            "critic": MicroBatching(self.critic_forward, self.critic_forward_tokens),
+            "reference": MicroBatching(self.reference_forward, self.reference_forward_tokens),
+        }[role]
 
 
 def micro_batch_sizes(spec: RLJobSpec) -> MicroBatchSizes:
@@ -78,4 +90,9 @@ def micro_batch_sizes(spec: RLJobSpec) -> MicroBatchSizes:
         critic_update=own(critic.micro_batch_size if critic is not None else None),
         critic_forward=own(critic.forward_micro_batch_size if critic is not None else None),
         reference_forward=own(reference.micro_batch_size if reference is not None else None),
+        actor_update_tokens=actor.max_tokens_per_micro_batch,
+        actor_forward_tokens=actor.forward_max_tokens_per_micro_batch,
+        critic_update_tokens=critic.max_tokens_per_micro_batch if critic is not None else None,
+        critic_forward_tokens=critic.forward_max_tokens_per_micro_batch if critic is not None else None,
+        reference_forward_tokens=reference.max_tokens_per_micro_batch if reference is not None else None,
     )

@@ -98,6 +98,7 @@ class Controller:
             ppo_epochs=spec.algorithm.ppo_epochs,
             mini_batches=plan.mini_batches,
             micro_batch_size=self.micro.actor_update,
+            max_tokens_per_micro_batch=self.micro.actor_update_tokens,
             world_size=plan.actor_world_size,
             temperature=spec.rollout.temperature,
             aggregation=str(spec.algorithm.loss_aggregation),
@@ -223,10 +224,17 @@ class Controller:
         group = self.groups.host(role)
         micro = self.micro.forward(role)
         if role == "critic":
-            parts = group.call_sharded("compute_values", batch, micro_batch_size=micro)
+            parts = group.call_sharded(
+                "compute_values", batch, micro_batch_size=micro.rows, max_tokens=micro.max_tokens
+            )
         else:
             parts = group.call_sharded(
-                "compute_logprobs", batch, role=role, temperature=self.spec.rollout.temperature, micro_batch_size=micro
+                "compute_logprobs",
+                batch,
+                role=role,
+                temperature=self.spec.rollout.temperature,
+                micro_batch_size=micro.rows,
+                max_tokens=micro.max_tokens,
             )
         return torch.cat(parts) * batch.response_mask  # (N, R)
 
@@ -313,7 +321,10 @@ class Controller:
             critic = self.groups.host("critic")  # a pool of its own may have another rank count than the actor's
             critic_batch = self._layout_for_update(batch, critic.world_size)
             config = replace(
-                self.update_config, world_size=critic.world_size, micro_batch_size=self.micro.critic_update
+                self.update_config,
+                world_size=critic.world_size,
+                micro_batch_size=self.micro.critic_update,
+                max_tokens_per_micro_batch=self.micro.critic_update_tokens,
             )
             metrics.update(critic.call_sharded("update_critic", critic_batch, config=config)[0])
         results = self.groups.actor.call_sharded("update_actor", laid_out, config=self.update_config)

@@ -26,14 +26,15 @@ from kuberl.runtime.algorithms.losses import (
     value_loss,
 )
 from kuberl.runtime.batch import RolloutBatch
-from kuberl.runtime.engines.fsdp import ForwardInput, FSDPTrainer, global_sum, micro_batches
+from kuberl.runtime.engines.fsdp import ForwardInput, FSDPTrainer, global_sum
+from kuberl.runtime.engines.micro_batches import MicroBatching
 
 
 @dataclass(frozen=True)
 class UpdateConfig:
     ppo_epochs: int
     mini_batches: int
-    micro_batch_size: int
+    micro_batch_size: int  # rows per forward/backward pass (models.<role>.microBatchSize)
     world_size: int
     temperature: float
     aggregation: str
@@ -53,6 +54,12 @@ class UpdateConfig:
     #: log-probs are the update's own forward pass, detached (the ratio is exactly 1), and no separate
     #: old-log-prob pass runs (verl's and TRL's on-policy shortcut). The batch comes without them.
     on_policy: bool = False
+    #: models.<role>.maxTokensPerMicroBatch: micro-batches cut by tokens instead of `micro_batch_size` rows.
+    max_tokens_per_micro_batch: int | None = None
+
+    @property
+    def micro_batching(self) -> MicroBatching:
+        return MicroBatching(self.micro_batch_size, self.max_tokens_per_micro_batch)
 
 
 def forward_input(batch: RolloutBatch) -> ForwardInput:
@@ -141,8 +148,8 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
                 "max_response_length": cfg.max_response_length,
             }
             shares: dict[str, float] = {"actor/loss": 0.0, "actor/kl_loss": 0.0, "actor/entropy": 0.0}
-            for index, micro in enumerate(micro_batches(mini_rows, cfg.micro_batch_size)):
-                rows = slice(span.start + micro.start, span.start + micro.stop)
+            passes = trainer.micro_batches(fwd, cfg.micro_batching, span)
+            for index, rows in enumerate(passes):
                 mask = trained_mask(batch, rows)  # (m, R)
                 logprobs, entropy = trainer.response_logprobs(
                     fwd, rows, cfg.temperature, with_entropy=cfg.entropy_coef > 0
@@ -182,9 +189,7 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
             totals.same("actor/grad_norm", step["grad_norm"])
             totals.same("actor/lr", step["lr"])
             totals.same("actor/update_skipped", step["skipped"])  # runtime/health.py counts these
-            totals.same(
-                "actor/micro_batches", math.ceil(mini_rows / cfg.micro_batch_size)
-            )  # forward/backward passes per optimiser step
+            totals.same("actor/micro_batches", len(passes))  # forward/backward passes per optimiser step
     return totals.reduce()
 
 
@@ -215,8 +220,8 @@ def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
             span = slice(mini * mini_rows, (mini + 1) * mini_rows)
             global_tokens, global_seqs = _mini_batch_counts(critic_mask(batch, span))
             loss_share = 0.0
-            for micro in micro_batches(mini_rows, cfg.micro_batch_size):
-                rows = slice(span.start + micro.start, span.start + micro.stop)
+            passes = trainer.micro_batches(fwd, cfg.micro_batching, span)
+            for rows in passes:
                 mask = critic_mask(batch, rows)  # (m, R)
                 values = trainer._forward_values(fwd, rows)  # (m, R)
                 loss, metrics = value_loss(
@@ -238,9 +243,7 @@ def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
             totals.share("critic/loss", loss_share)
             totals.same("critic/grad_norm", step["grad_norm"])
             totals.same("critic/update_skipped", step["skipped"])
-            totals.same(
-                "critic/micro_batches", math.ceil(mini_rows / cfg.micro_batch_size)
-            )  # forward/backward passes per optimiser step
+            totals.same("critic/micro_batches", len(passes))  # forward/backward passes per optimiser step
     return totals.reduce()
 
 

@@ -8,6 +8,10 @@ Loss values are each rank's *contribution* to the loss of the whole mini-batch (
 and sequence counts in the denominators), and gradients are summed across ranks instead of
 averaged, so a 2-rank update equals a single-process update on the unsharded batch.
 
+With CPU offload (models.<role>.offload) the shards, their gradients and the optimiser state live in host
+memory (FSDP2's CPUOffloadPolicy). With training.paddingFree each micro-batch runs packed, without its padding
+(engines/packing.py); models.<role>.maxTokensPerMicroBatch cuts micro-batches by tokens (engines/micro_batches.py).
+
 A LoRA actor (`models.lora`) is a PEFT model: FSDP2 shards it the same way (the decoder layers are
 the wrapped model's), only the adapters require gradients, and only they get optimiser state.
 """
@@ -15,7 +19,7 @@ the wrapped model's), only the adapters require gradients, and only they get opt
 import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,15 +27,22 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_logits
+from kuberl.runtime.engines.micro_batches import MicroBatching, micro_batches
+from kuberl.runtime.engines.packing import pack_rows
 from kuberl.runtime.models.lora import adapters_off
 
 
 def apply_fsdp(
-    model: torch.nn.Module, world_size: int, device_type: str, compute_dtype: torch.dtype = torch.float32
+    model: torch.nn.Module,
+    world_size: int,
+    device_type: str,
+    compute_dtype: torch.dtype = torch.float32,
+    offload: bool = False,
 ) -> torch.nn.Module:
     """Shard each decoder layer, then the root, over all ranks.
 
@@ -40,6 +51,10 @@ def apply_fsdp(
     a single CPU rank keeps the plain module: there is nothing to shard, and FSDP2's per-layer unshard
     and gradient copies cost ~10% of a step here (bench/vs_trl.py). Checkpoints are the same either way
     (DCP state dicts are keyed by name; see test_checkpoint_state).
+
+    `offload`: FSDP2's CPUOffloadPolicy on every unit (the shards, gradients and optimiser state in host memory);
+    pinned memory on GPU for faster copies, unpinned on CPU (pinning needs CUDA). A single CPU rank holds
+    everything in host memory already.
     """
     if world_size == 1 and device_type == "cpu":
         return model
@@ -49,14 +64,29 @@ def apply_fsdp(
         if device_type == "cuda" and compute_dtype != torch.float32
         else MixedPrecisionPolicy()
     )
+    placement = CPUOffloadPolicy(pin_memory=device_type == "cuda") if offload else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=placement)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=placement)
     for module in model.modules():  # the settings are per FSDP unit, not inherited
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # sum, not average: each rank's loss is already its share
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM collective (gloo has no PREMUL_SUM)
     return model
+
+
+def offloaded_to_cpu(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 keeps this model's shards in host memory (what apply_fsdp's `offload` set, read back from
+    FSDP2's own state: every unit must agree)."""
+    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    flags = [
+        fsdp_param.offload_to_cpu
+        for unit in units
+        for group in [unit._get_fsdp_state()._fsdp_param_group]
+        if group is not None
+        for fsdp_param in group.fsdp_params
+    ]
+    return bool(flags) and all(flags)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -107,11 +137,6 @@ def position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (n, P+R)
 
 
-def micro_batches(rows: int, size: int) -> Iterator[slice]:
-    for start in range(0, rows, size):
-        yield slice(start, min(rows, start + size))
-
-
 class FSDPTrainer:
     """A causal LM (actor/reference) or a token-value model (critic) on one rank."""
 
@@ -125,11 +150,14 @@ class FSDPTrainer:
         total_steps: int,
         gradient_checkpointing: bool = False,
         compute_dtype: torch.dtype = torch.float32,
+        offload: bool = False,
+        padding_free: bool = False,
     ) -> None:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers PreTrainedModel
         self.device = device
-        self.model = apply_fsdp(model.to(device), world_size, device.type, compute_dtype)
+        self.model = apply_fsdp(model.to(device), world_size, device.type, compute_dtype, offload)
+        self.padding_free = padding_free  # training.paddingFree: packed forwards (engines/packing.py)
         # CPU mixed precision: forward passes under autocast (its backward follows the forward's dtypes)
         self.cpu_autocast_dtype = compute_dtype if device.type == "cpu" and compute_dtype != torch.float32 else None
         self.optim_spec = optim
@@ -145,20 +173,27 @@ class FSDPTrainer:
             return contextlib.nullcontext()
         return torch.autocast("cpu", dtype=self.cpu_autocast_dtype)
 
-    def _forward_logits(self, batch: ForwardInput, rows: slice, full_precision: bool = False) -> Tensor:
+    def _forward(self, batch: ForwardInput, rows: slice, full_precision: bool = False) -> Tensor:
+        """The model's outputs at the positions that predict the response tokens: (m, R, V) logits, or the
+        critic's (m, R, 1) values. Padded, or packed without the padding (training.paddingFree)."""
         ids = batch.input_ids[rows].to(self.device)  # (m, P+R)
         mask = batch.attention_mask[rows].to(self.device)  # (m, P+R)
+        predicting = slice(batch.prompt_width - 1, -1)  # position t predicts (and values) response token t
         with self._autocast(full_precision):
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
-        return out.logits[:, batch.prompt_width - 1 : -1]  # (m, R, V) predicts response tokens
+            if not self.padding_free:
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
+                return out.logits[:, predicting]  # (m, R, V)
+            packed = pack_rows(ids, mask)  # (1, T)
+            # no attention mask: position ids that restart make transformers attend within each row only
+            out = self.model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+            return packed.unpack(out.logits, predicting)  # (m, R, V)
+
+    def _forward_logits(self, batch: ForwardInput, rows: slice, full_precision: bool = False) -> Tensor:
+        return self._forward(batch, rows, full_precision)  # (m, R, V) predicts response tokens
 
     def _forward_values(self, batch: ForwardInput, rows: slice) -> Tensor:
-        ids = batch.input_ids[rows].to(self.device)  # (m, P+R)
-        mask = batch.attention_mask[rows].to(self.device)  # (m, P+R)
-        with self._autocast():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask))
         # V(s_t) for response token t is read at the position that generated it, like the log-probs
-        return out.logits[:, batch.prompt_width - 1 : -1, 0].float()  # (m, R)
+        return self._forward(batch, rows)[..., 0].float()  # (m, R)
 
     def response_logprobs(
         self,
@@ -183,8 +218,11 @@ class FSDPTrainer:
         micro_batch_size: int,
         full_precision: bool = False,
         base_only: bool = False,
+        max_tokens: int | None = None,
     ) -> Tensor:
         """Log-probs of the response tokens; `full_precision` skips CPU autocast (the weights' own dtype).
+
+        Micro-batches of `micro_batch_size` rows, or of up to `max_tokens` tokens when set (maxTokensPerMicroBatch).
 
         `base_only`: with the LoRA adapters switched off, i.e. the base model (the KL reference of a LoRA run).
         """
@@ -192,18 +230,25 @@ class FSDPTrainer:
         with adapters_off(self.model) if base_only else contextlib.nullcontext():
             parts = [
                 self.response_logprobs(batch, rows, temperature, full_precision=full_precision)[0].cpu()
-                for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size)
+                for rows in self.micro_batches(batch, MicroBatching(micro_batch_size, max_tokens))
             ]
         return torch.cat(parts)  # (n, R)
 
     @torch.no_grad()
-    def values(self, batch: ForwardInput, micro_batch_size: int) -> Tensor:
+    def values(self, batch: ForwardInput, micro_batch_size: int, max_tokens: int | None = None) -> Tensor:
         self.model.eval()
         parts = [
             self._forward_values(batch, rows).cpu()
-            for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size)
+            for rows in self.micro_batches(batch, MicroBatching(micro_batch_size, max_tokens))
         ]
         return torch.cat(parts)  # (n, R)
+
+    def micro_batches(self, batch: ForwardInput, batching: MicroBatching, span: slice = slice(None)) -> Sequence[slice]:
+        """The micro-batches (slices of the batch's rows) of the rows in `span`; as many on every rank."""
+        start = span.start or 0
+        return [
+            slice(start + cut.start, start + cut.stop) for cut in micro_batches(batch.attention_mask[span], batching)
+        ]
 
     # -- updates ----------------------------------------------------------------------------------
     def optimizer_step(self, loss_finite: bool = True) -> dict[str, float]:
@@ -237,7 +282,9 @@ class FSDPTrainer:
         for name, param in self.model.named_parameters():
             if select is not None and not select(name):
                 continue
-            full = param.full_tensor() if hasattr(param, "full_tensor") else param.data
+            # an offloaded shard is in host memory: onto the device for the all-gather (verl does the same)
+            full = param.data.to(self.device)
+            full = full.full_tensor() if isinstance(full, DTensor) else full
             yield name, full.detach()
             del full
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from kuberl.api import ComputeDType, RLJob, parse_rljob
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
-from kuberl.runtime.engines.fsdp import FSDPTrainer
+from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu
 from kuberl.runtime.models.dtypes import reference_dtype, torch_dtype
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_critic, update_policy
@@ -93,6 +93,7 @@ class ModelWorker:
                 setup.total_steps,
                 gradient_checkpointing=actor.gradient_checkpointing,
                 lora=actor.lora,
+                offload=actor.offload.params,
             )
         self.reference_is_base = (
             "actor" in setup.roles
@@ -100,7 +101,14 @@ class ModelWorker:
             and setup.model_paths.get("reference") == setup.model_paths["actor"]
         )
         if "reference" in setup.roles and not self.reference_is_base:
-            self.trainers["reference"] = self._trainer(setup.model_paths["reference"], reference_dtype(spec), None, 0)
+            reference = spec.models.reference
+            self.trainers["reference"] = self._trainer(
+                setup.model_paths["reference"],
+                reference_dtype(spec),
+                None,
+                0,
+                offload=reference is not None and reference.offload.params,
+            )
         if "critic" in setup.roles and spec.models.critic is not None:
             critic = spec.models.critic
             self.trainers["critic"] = self._trainer(
@@ -110,6 +118,7 @@ class ModelWorker:
                 setup.total_steps,
                 critic=True,
                 gradient_checkpointing=critic.gradient_checkpointing,
+                offload=critic.offload.params,
             )
         if "rollout" in setup.roles:
             self.engine = self._rollout_engine(setup.model_paths["actor"])
@@ -125,6 +134,8 @@ class ModelWorker:
             role: {
                 "dtype": str(next(trainer.model.parameters()).dtype).removeprefix("torch."),
                 "gradient_checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False)),
+                "offloaded_to_cpu": offloaded_to_cpu(trainer.model),
+                "padding_free": trainer.padding_free,
             }
             for role, trainer in self.trainers.items()
         }
@@ -145,6 +156,7 @@ class ModelWorker:
         critic: bool = False,
         gradient_checkpointing: bool = False,
         lora: Any = None,
+        offload: bool = False,
     ) -> FSDPTrainer:
         from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -169,6 +181,8 @@ class ModelWorker:
             total_steps=total_steps,
             gradient_checkpointing=gradient_checkpointing,
             compute_dtype=self.compute_dtype(),
+            offload=offload,
+            padding_free=self.job.spec.training.padding_free,
         )
 
     def compute_dtype(self) -> torch.dtype:
@@ -189,13 +203,17 @@ class ModelWorker:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         return self.engine.generate(prompts, params)
 
-    def compute_logprobs(self, batch: RolloutBatch, role: str, temperature: float, micro_batch_size: int) -> Any:
+    def compute_logprobs(
+        self, batch: RolloutBatch, role: str, temperature: float, micro_batch_size: int, max_tokens: int | None = None
+    ) -> Any:
         if role == "reference" and self.reference_is_base:
-            return self.trainers["actor"].logprobs(forward_input(batch), temperature, micro_batch_size, base_only=True)
-        return self.trainers[role].logprobs(forward_input(batch), temperature, micro_batch_size)
+            return self.trainers["actor"].logprobs(
+                forward_input(batch), temperature, micro_batch_size, base_only=True, max_tokens=max_tokens
+            )
+        return self.trainers[role].logprobs(forward_input(batch), temperature, micro_batch_size, max_tokens=max_tokens)
 
-    def compute_values(self, batch: RolloutBatch, micro_batch_size: int) -> Any:
-        return self.trainers["critic"].values(forward_input(batch), micro_batch_size)
+    def compute_values(self, batch: RolloutBatch, micro_batch_size: int, max_tokens: int | None = None) -> Any:
+        return self.trainers["critic"].values(forward_input(batch), micro_batch_size, max_tokens)
 
     def update_actor(self, batch: RolloutBatch, config: UpdateConfig) -> tuple[dict[str, float], Any]:
         """The update's metrics, and with `config.on_policy` this shard's behaviour log-probs (n, R)."""

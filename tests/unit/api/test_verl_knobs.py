@@ -97,3 +97,36 @@ def test_kuberl_explain_names_the_verl_knob_of_each_field(field, verl):
 def test_role_micro_batch_sizes_must_be_positive():
     problems = problems_of({"models.actor": {"path": "/m", "microBatchSize": 0}})
     assert list(problems) == ["spec.models.actor.microBatchSize"]
+
+
+def test_optimizer_offload_goes_with_parameter_offload():
+    for half in ({"params": True}, {"optimizer": True}):
+        problems = problems_of({"models.actor": {"path": "/m", "offload": half}})
+        assert list(problems) == ["spec.models.actor.offload.optimizer"]
+        assert "FSDP2" in problems["spec.models.actor.offload.optimizer"]
+    both = parse_rljob(spec_with({"models.critic": {"offload": {"params": True, "optimizer": True}}}))
+    assert both.spec.models.critic is not None and both.spec.models.critic.offload.params
+
+
+def test_a_lora_actors_own_reference_cannot_be_offloaded_apart():
+    lora = {"path": "/m", "lora": {"rank": 4}}
+    problems = problems_of({"models.actor": lora, "models.reference": {"offload": {"params": True}}})
+    assert list(problems) == ["spec.models.reference.offload.params"]
+    assert "models.actor.offload" in problems["spec.models.reference.offload.params"]
+    separate = {"models.actor": lora, "models.reference": {"path": "/ref", "offload": {"params": True}}}
+    assert parse_rljob(spec_with(separate)).spec.models.reference.offload.params  # a model of its own: fine
+
+
+def test_a_token_budget_must_hold_the_longest_sequence():
+    base = {"data.maxPromptLength": 100, "rollout.maxNewTokens": 50}
+    problems = problems_of({**base, "models.actor": {"path": "/m", "forwardMaxTokensPerMicroBatch": 149}})
+    assert list(problems) == ["spec.models.actor.forwardMaxTokensPerMicroBatch"]
+    assert "at least 150" in problems["spec.models.actor.forwardMaxTokensPerMicroBatch"]
+    fits = parse_rljob(spec_with({**base, "models.reference": {"maxTokensPerMicroBatch": 150}}))
+    assert fits.spec.models.reference is not None and fits.spec.models.reference.max_tokens_per_micro_batch == 150
+
+
+def test_padding_free_and_offload_are_explained_with_verls_names():
+    assert "use_remove_padding" in explain("spec.training.paddingFree")
+    assert "param_offload" in explain("spec.models.actor.offload.params")
+    assert "ppo_max_token_len_per_gpu" in explain("spec.models.critic.maxTokensPerMicroBatch")

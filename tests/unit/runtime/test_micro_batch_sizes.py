@@ -27,7 +27,25 @@ def test_a_roles_own_size_wins_for_its_passes_only():
     assert sizes == MicroBatchSizes(
         actor_update=1, actor_forward=16, critic_update=2, critic_forward=4, reference_forward=32
     )
-    assert [sizes.forward(role) for role in ("actor", "critic", "reference")] == [16, 4, 32]
+    assert [sizes.forward(role).rows for role in ("actor", "critic", "reference")] == [16, 4, 32]
+    assert [sizes.forward(role).max_tokens for role in ("actor", "critic", "reference")] == [None, None, None]
+
+
+def test_token_budgets_are_read_per_role_and_pass():
+    spec = parse_rljob(
+        spec_with(
+            {
+                "algorithm.name": "ppo",
+                "models.actor": {"path": "/m", "maxTokensPerMicroBatch": 2048, "forwardMaxTokensPerMicroBatch": 4096},
+                "models.critic": {"maxTokensPerMicroBatch": 3072},
+                "models.reference": {"maxTokensPerMicroBatch": 8192},
+            }
+        )
+    ).spec
+    sizes = micro_batch_sizes(spec)
+    assert (sizes.actor_update_tokens, sizes.critic_update_tokens) == (2048, 3072)
+    budgets = [sizes.forward(role).max_tokens for role in ("actor", "critic", "reference")]
+    assert budgets == [4096, None, 8192]  # the critic's forward keeps its row count
 
 
 def test_rollout_and_reference_dtypes_follow_the_actor_unless_set():

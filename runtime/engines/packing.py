@@ -1,0 +1,50 @@
+"""Padding-free (packed) forward passes (training.paddingFree; verl's use_remove_padding).
+
+A micro-batch of m rows, each a left-padded prompt and a right-padded response (m, P+R), becomes one
+row of only its real tokens (1, T) whose position ids restart at 0 for each row: the positions the
+padded forward gives them (it counts real tokens only). Called with those position ids and no
+attention mask, transformers (masking_utils.find_packed_sequence_indices) reads each restart as the
+start of a new sequence and attends causally within each row only, on its SDPA and eager paths alike;
+its flash-attention path takes the same layout as variable-length sequences. Every token therefore sees
+exactly what it sees in the padded forward, and the padding is never computed: on a batch of mixed
+lengths most of the padded tensor is padding (bench/padding_free.py).
+
+The model's outputs are read back into the padded layout, so log-probs and values come out in the same
+(m, R) shapes as from the padded forward (zero at the padding).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    input_ids: Tensor  # (1, T) the real tokens of every row, row after row
+    position_ids: Tensor  # (1, T) 0, 1, ... within each row
+    index: Tensor  # (m, L) where each padded position's token sits in the packed row; -1 at padding
+
+    def unpack(self, packed: Tensor, columns: slice) -> Tensor:
+        """`packed` (1, T, ...) model outputs, read back at the padded positions `columns` -> (m, C, ...).
+
+        Padding positions get zeros."""
+        index = self.index[:, columns]  # (m, C)
+        present = index >= 0  # (m, C)
+        gathered = packed[0, index.clamp(min=0)]  # (m, C, ...)
+        shape = present.shape + (1,) * (gathered.dim() - present.dim())
+        return torch.where(present.view(shape), gathered, torch.zeros((), dtype=gathered.dtype))
+
+
+def pack_rows(input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
+    """The real tokens (attention_mask 1) of `input_ids` (m, L) as one packed row.
+
+    >>> packed = pack_rows(torch.tensor([[0, 5, 6], [7, 8, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    >>> packed.input_ids.tolist(), packed.position_ids.tolist(), packed.index.tolist()
+    ([[5, 6, 7, 8, 9]], [[0, 1, 0, 1, 2]], [[-1, 0, 1], [2, 3, 4]])
+    """
+    real = attention_mask.bool()  # (m, L)
+    positions = attention_mask.long().cumsum(-1) - 1  # (m, L) as position_ids() gives the padded forward
+    index = torch.full(real.shape, -1, dtype=torch.long, device=real.device)  # (m, L)
+    index[real] = torch.arange(int(real.sum()), device=real.device)
+    return PackedRows(input_ids=input_ids[real][None], position_ids=positions[real][None], index=index)
