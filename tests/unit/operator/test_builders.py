@@ -73,6 +73,26 @@ def test_gpus_become_nvidia_gpu_limits_and_requests():
     assert resources["requests"] == resources["limits"]
 
 
+def test_a_tensor_parallel_rollout_replica_gets_a_pod_with_a_gpu_per_shard_and_room_for_one_engine():
+    spec = {
+        "rollout": {"placement": "separate", "tensorParallelSize": 2},
+        "resources": {"actor": {"gpus": 8}, "rollout": {"replicas": 3, "gpus": 2, "cpus": 16}},
+    }
+    rollout = groups(rayjob_for(spec))["rollout"]
+    assert container(rollout)["resources"]["limits"] == {"cpu": "16", "nvidia.com/gpu": 2}
+    assert rollout["replicas"] == 3
+    # one engine per pod: the pod offers one unit of the rollout resource, and the engine's actor asks for it
+    assert json.loads(json.loads(rollout["rayStartParams"]["resources"])) == {"kuberl_rollout": 1}
+
+
+def test_a_tensor_parallel_rollout_on_cpu_gets_a_core_per_shard():
+    spec = {
+        "rollout": {"placement": "separate", "tensorParallelSize": 2},
+        "resources": {"rollout": {"replicas": 1, "cpus": 2}},
+    }
+    assert container(groups(rayjob_for(spec))["rollout"])["resources"]["limits"] == {"cpu": "2"}
+
+
 def test_a_cpu_only_role_asks_for_no_gpu():
     actor = groups(rayjob_for({"resources": {"actor": {"cpus": 0.5}}}))["actor"]
     assert container(actor)["resources"]["limits"] == {"cpu": "500m"}
