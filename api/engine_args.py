@@ -35,6 +35,7 @@ SET_BY_KUBERL: dict[str, str] = {
     "seed": "spec.training.seed",
     "max_model_len": "spec.data.maxPromptLength + spec.rollout.maxNewTokens",
     "tensor_parallel_size": "spec.rollout.tensorParallelSize",
+    "distributed_executor_backend": "kuberl, from spec.rollout.tensorParallelSize (mp: a process per shard)",
     "gpu_memory_utilization": "spec.rollout.gpuMemoryUtilization",
     "kv_cache_memory_bytes": "spec.rollout.kvCacheBytes",
     "enable_lora": "spec.models.actor.lora",

@@ -17,6 +17,7 @@ from kuberl.api.enums import (
     ELASTIC_ROLES,
     GROUP_ESTIMATORS,
     AdvantageEstimator,
+    LoRASync,
     LossAggregation,
     Role,
     RolloutEngine,
@@ -125,14 +126,48 @@ def replicas_within_bounds(resources: "ResourcesSpec") -> Iterator[RuleProblem]:
             )
 
 
-def tensor_parallel_is_one(spec: "RLJobSpec") -> Iterator[RuleProblem]:
-    """Refused here, at validate and admission, rather than when the engine starts on allocated GPUs."""
-    tp = spec.rollout.tensor_parallel_size
-    if tp != 1:
+def tensor_parallel_fits_its_pool(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    """An engine split over tensorParallelSize devices (or CPU processes) only where kuberl can start one.
+
+    A separate rollout replica is one vLLM engine whose mp executor starts a worker per shard, so its
+    pod must hold exactly that many GPUs (api/topology.py: one engine per pod spanning the pod's GPUs),
+    or on CPU a core per shard. A colocated engine lives inside one trainer rank on that rank's one device
+    (verl splits it over several ranks with vLLM's external launcher; kuberl does not). Refused here, at
+    validate and admission, rather than when the engine starts on allocated GPUs.
+    """
+    rollout, pool = spec.rollout, spec.resources.rollout
+    tp = rollout.tensor_parallel_size
+    if tp > 1 and rollout.engine != RolloutEngine.VLLM:
         yield (
             ("rollout", "tensorParallelSize"),
-            f"tensor parallel {tp} is not supported yet: kuberl's in-process engines span one device each; set "
-            "it to 1 and add rollout replicas (or GPUs to the actor's pool) for more throughput",
+            f"tensor parallel {tp} splits a vLLM engine; the {rollout.engine} engine runs on one device: "
+            "set rollout.engine: vllm, or tensorParallelSize: 1",
+        )
+    if tp > 1 and rollout.placement == RolloutPlacement.COLOCATED:
+        yield (
+            ("rollout", "tensorParallelSize"),
+            f"tensor parallel {tp} needs rollout.placement: separate and a rollout pool (resources.rollout with "
+            f"gpus: {tp} per replica on GPU); a colocated engine runs in each actor rank on that rank's one device",
+        )
+    if tp > 1 and spec.models.actor.lora is not None and spec.models.actor.lora.sync == LoRASync.ADAPTER:
+        yield (
+            ("models", "actor", "lora", "sync"),
+            f"the adapter sync loads LoRA adapters from memory in one process, not in the {tp} processes of a "
+            "tensor-parallel engine; set sync: merged, or rollout.tensorParallelSize: 1",
+        )
+    if rollout.placement != RolloutPlacement.SEPARATE or pool is None:
+        return
+    if pool.gpus and pool.gpus != tp:
+        yield (
+            ("resources", "rollout", "gpus"),
+            f"each rollout replica is one engine spanning its pod's GPUs: gpus ({pool.gpus}) must equal "
+            f"rollout.tensorParallelSize ({tp}); for more throughput add replicas",
+        )
+    if tp > 1 and not pool.gpus and pool.cpus < tp:
+        yield (
+            ("resources", "rollout", "cpus"),
+            f"a CPU rollout replica runs one engine process per tensor-parallel shard, a core each: cpus "
+            f"({pool.cpus:g}) must be at least rollout.tensorParallelSize ({tp})",
         )
 
 
@@ -392,7 +427,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     gae_needs_a_critic,
     critic_pool_needs_a_critic,
     colocated_rollout_uses_the_actor_pool,
-    tensor_parallel_is_one,
+    tensor_parallel_fits_its_pool,
     mini_batch_divides_batch,
     correction_is_not_counted_twice,
     overlong_buffer_fits_the_budget,

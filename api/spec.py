@@ -561,7 +561,14 @@ class RolloutSpec(KuberlModel):
     max_new_tokens: int = Field(256, ge=1, le=131072, description="Most tokens generated per response.")
     stop: list[str] = Field(default_factory=list, max_length=16, description="Strings that end a response.")
     tensor_parallel_size: int = Field(
-        1, ge=1, le=64, description="GPUs one engine spans. Only 1 is supported yet (each engine runs in-process)."
+        1,
+        ge=1,
+        le=64,
+        description="Devices one vLLM engine is split over (verl: rollout.tensor_model_parallel_size): each shard "
+        "holds 1/N of every layer and runs in a worker process of its own, on a GPU, or on CPU with its share of "
+        "the replica's cores. Above 1 only with rollout.placement: separate, where each rollout replica is one "
+        "engine and resources.rollout.gpus must equal this (on CPU, cpus at least this); the model's attention "
+        "heads must divide by it.",
     )
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=0.95, description="vllm on GPU: share of GPU memory for weights and KV cache."

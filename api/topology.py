@@ -210,7 +210,9 @@ def model_group(name: Role, roles: tuple[Role, ...], pool: RoleResources) -> Act
 
 
 def rollout_group(pool: RoleResources) -> ActorGroup:
-    """rollout.placement separate: one engine per pod, spanning the pod's GPUs (tensor parallel)."""
+    """rollout.placement separate: one engine per pod, spanning the pod's GPUs, one per tensor-parallel shard
+    (api/rules.py holds gpus to rollout.tensorParallelSize; on CPU the pod's cores are split between the shards'
+    processes, which vLLM starts inside the actor: Ray sees the one actor)."""
     return ActorGroup(
         name=Role.ROLLOUT,
         roles=(Role.ROLLOUT,),

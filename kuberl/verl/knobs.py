@@ -261,7 +261,11 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{ACTOR}.optim.num_cycles": Lose("kuberl's cosine is half a cycle", True, lambda value: value == 0.5),
     # lost: what issue #21's second part adds (how it trains: memory, speed, the engine)
     f"{ROLLOUT}.tensor_model_parallel_size": Lose(
-        "rollout tensor parallelism is " + NOT_YET + "; one engine per rank", False, _one
+        "the converted job's engine is colocated, one per rank on that rank's GPU; kuberl splits an engine only "
+        "on a rollout pool of its own (set rollout.placement: separate, rollout.tensorParallelSize and "
+        "resources.rollout.gpus to it)",
+        False,
+        _one,
     ),
     f"{ROLLOUT}.enforce_eager": Lose(ENGINE_ARGS + " (kuberl captures CUDA graphs on GPU)", False),
     f"{ROLLOUT}.free_cache_engine": Lose(ENGINE_ARGS + " (kuberl frees it on GPU)", False, lambda v: v is True),

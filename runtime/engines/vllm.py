@@ -39,7 +39,22 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   seed + j, so the same seed and prompts give the same responses, and no two rows of a call share
   a random stream.
 - vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weights iterator is handed over
-  as a Python object, not serialized. Tensor parallelism (an engine spanning GPUs) is not offered.
+  as a Python object, not serialized.
+- Tensor parallelism (spec.rollout.tensorParallelSize > 1; only a separate rollout pool, api/rules.py):
+  the engine core still runs in this process, but vLLM's `mp` executor spawns one worker process per
+  shard (`tensor_parallel_arguments`), each on a GPU of the replica's pod, or on CPU a process with
+  its share of the replica's cores (`worker_environment`: OMP threads split, and vLLM's core binding
+  off, which would pin every worker to cores Ray's other actors use). A weight load is then a
+  `collective_rpc` to those processes: its argument is pickled to each worker, so the weights travel
+  as one list, not a lazy generator. The replica holds the whole model once in host memory while the
+  list is built and each worker unpickles a copy of it, which it shards into its own slice; on GPU
+  that is (1 + tensorParallelSize) x the model in host memory for the duration of a sync (fine for
+  the tiny models here; a 70B rollout pod needs the RAM). verl avoids the copies by driving each TP
+  shard from a trainer rank of its own (vLLM's external launcher), which kuberl's colocated engine
+  does not do: a colocated engine spans one device. The TP workers are fresh processes, so the
+  patch that must reach vLLM's sampler is installed in them after start-up too
+  (`_rank_eagerly_in_worker`); the kernel-rebind patch guards against modules this process may hold
+  (flask), which the fresh workers do not import.
 - dtype: the engine runs in spec.rollout.dtype (default: the actor's; verl's default is bfloat16), the
   synced weights cast to it on load; spec.rollout.engineArgs reach `LLM` as given (`llm_arguments`).
 - On CPU, vLLM's sampler ranks each returned log-prob with a `torch.compile`d helper
@@ -181,6 +196,72 @@ def context_length(spec: RLJobSpec, model_path: str) -> int:
     return min(wanted, int(limit)) if limit else wanted
 
 
+def tensor_parallel_problem(config: dict[str, Any], size: int) -> str | None:
+    """Why a model with this config.json cannot be split `size` ways by vLLM, or None when it can.
+
+    vLLM gives each shard num_attention_heads / size query heads, and num_key_value_heads / size KV
+    heads (or, with fewer KV heads than shards, a replica of one KV head per size / kv shards).
+
+    >>> tensor_parallel_problem({"num_attention_heads": 4, "num_key_value_heads": 2}, 2) is None
+    True
+    >>> tensor_parallel_problem({"num_attention_heads": 6, "num_key_value_heads": 2}, 4)
+    'the model has 6 attention heads, which 4 shards cannot split evenly'
+    """
+    heads = config.get("num_attention_heads")
+    if heads is None or size == 1:
+        return None
+    if heads % size:
+        return f"the model has {heads} attention heads, which {size} shards cannot split evenly"
+    kv = config.get("num_key_value_heads") or heads
+    if (kv % size if kv >= size else size % kv) != 0:
+        return f"the model has {kv} key-value heads, which {size} shards can neither split nor replicate evenly"
+    return None
+
+
+def check_tensor_parallel(model_path: str, size: int) -> None:
+    """Refuse, naming the field, a tensor-parallel size the model's heads cannot be split by."""
+    config = Path(model_path) / "config.json"
+    problem = tensor_parallel_problem(json.loads(config.read_text()), size) if config.is_file() else None
+    if problem is not None:
+        raise ValueError(
+            f"spec.rollout.tensorParallelSize {size}: {problem} ({model_path}); "
+            "pick a size that divides the model's attention heads"
+        )
+
+
+def tensor_parallel_arguments(size: int) -> dict[str, Any]:
+    """vLLM's `LLM` arguments for an engine split `size` ways: the `mp` executor, a worker process per shard."""
+    if size == 1:
+        return {}
+    return {"tensor_parallel_size": size, "distributed_executor_backend": "mp"}
+
+
+def worker_environment(size: int, cuda: bool, threads: int) -> dict[str, str]:
+    """Environment the `mp` executor's worker processes start with, for `size` shards and `threads` cores.
+
+    On CPU each shard gets its share of the replica's threads, and vLLM's own core binding (which pins
+    workers to cores it picks, whatever else runs there) is off. On GPU vLLM places the workers itself.
+    """
+    if size == 1 or cuda:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, threads // size))}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` in os.environ while the block runs (the workers it spawns inherit them), then as before."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _count_at_least(x: Tensor, values: Tensor) -> Tensor:
     """Per row of x (B, V), how many entries are >= values (B, 1): vLLM's log-prob rank, eagerly."""
     return (x >= values).sum(-1)  # (B,)
@@ -191,6 +272,11 @@ def _rank_eagerly() -> None:
     from vllm.v1.sample import sampler
 
     setattr(sampler, "batched_count_greater_than", _count_at_least)  # noqa: B010 - not exported by vLLM
+
+
+def _rank_eagerly_in_worker(worker: Any) -> None:
+    """`_rank_eagerly` inside one of vLLM's worker processes (called through collective_rpc)."""
+    _rank_eagerly()
 
 
 def _rebind_kernels_tolerantly() -> None:
@@ -253,6 +339,17 @@ def _refresh_shared_gemms(worker: Any) -> int:
     return refreshed
 
 
+def _filter_reload_warnings_in_worker(worker: Any, tied_head: bool, lora_sync: str | None) -> None:
+    """In a tensor-parallel worker process, for its lifetime: what `load_weights` does around each reload here.
+
+    Drops the expected "Failed to load weights" records (`ExpectedReloadWarnings`) and, for LoRA's merged
+    sync, every warning of the layers a partial load leaves as they are (`_quiet_reload_loggers`).
+    """
+    logging.getLogger(RELOAD_LOGGER).addFilter(ExpectedReloadWarnings(tied_head))
+    if lora_sync == "merged":
+        logging.getLogger("vllm.model_executor.model_loader.reload").setLevel(logging.ERROR)
+
+
 class ExpectedReloadWarnings(logging.Filter):
     """Drops vLLM's "<Layer>: Failed to load weights" for layers with nothing to load (see the module docstring).
 
@@ -297,6 +394,7 @@ def llm_arguments(spec: RLJobSpec, model_path: str, cuda: bool) -> dict[str, Any
         "generation_config": "vllm",  # neutral defaults (eos ids still come from generation_config.json)
         "enforce_eager": not cuda,
         "enable_sleep_mode": cuda,
+        **tensor_parallel_arguments(rollout.tensor_parallel_size),
     }
     if cuda:
         arguments["gpu_memory_utilization"] = rollout.gpu_memory_utilization
@@ -325,6 +423,7 @@ class VLLMRolloutEngine:
         adapter_config: dict[str, Any] | None = None,
         partial_loads: bool = False,
         tied_head: bool = False,
+        shards: int = 1,
     ) -> None:
         self.llm = llm
         self.device = device
@@ -333,6 +432,7 @@ class VLLMRolloutEngine:
         self.adapter: Any = None  # the LoRARequest generation names, once an adapter is loaded
         self.partial_loads = partial_loads  # LoRA's merged sync: each load brings only the touched blocks
         self._reload_filter = ExpectedReloadWarnings(tied_head)
+        self.shards = shards  # spec.rollout.tensorParallelSize: > 1, the model is split over worker processes
         self._asleep = False
         self._woken_tags: set[str] = set()
         self._warned_rescoring = False
@@ -340,12 +440,8 @@ class VLLMRolloutEngine:
     @classmethod
     def create(cls, spec: RLJobSpec, model_path: str, device: torch.device) -> "VLLMRolloutEngine":
         """An engine for `spec` holding the model at `model_path`, on `device` (cpu or cuda)."""
-        rollout = spec.rollout
-        if rollout.tensor_parallel_size != 1:
-            raise ValueError(
-                f"spec.rollout.tensorParallelSize is {rollout.tensor_parallel_size}: kuberl's in-process vLLM "
-                "engine spans one device; set it to 1 (or use more rollout replicas)"
-            )
+        shards = spec.rollout.tensor_parallel_size
+        check_tensor_parallel(model_path, shards)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights stream as Python objects
         from vllm import LLM
 
@@ -361,12 +457,17 @@ class VLLMRolloutEngine:
         arguments = llm_arguments(spec, model_path, cuda)
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
-            llm = LLM(**arguments)
+            with _environment(worker_environment(shards, cuda, threads)):
+                llm = LLM(**arguments)
         finally:
             # vLLM's CPU worker replaces torch.set_num_threads process-wide with a no-op and drops to one
             # thread; this process also trains, so the caller's setting comes back.
             torch.set_num_threads = set_threads
             set_threads(threads)
+        if shards > 1:  # the worker processes log and sample on their own
+            llm.collective_rpc(_filter_reload_warnings_in_worker, args=(ties_embeddings(model_path), sync_mode(spec)))
+            if not cuda:
+                llm.collective_rpc(_rank_eagerly_in_worker)
         adapter_config = peft_config_dict(lora) if lora is not None else None
         return cls(
             llm,
@@ -375,6 +476,7 @@ class VLLMRolloutEngine:
             adapter_config,
             partial_loads=sync_mode(spec) == "merged",
             tied_head=ties_embeddings(model_path),
+            shards=shards,
         )
 
     # -- generation ---------------------------------------------------------------------------------
@@ -452,15 +554,17 @@ class VLLMRolloutEngine:
         """Copy named full tensors (Hugging Face names) into the engine's model in place; returns bytes loaded.
 
         The iterator is consumed lazily, layer by layer: pass a generator (FSDPTrainer.full_tensors)
-        and at most one layer's gathered tensors are alive at once.
+        and at most one layer's gathered tensors are alive at once. A tensor-parallel engine takes the
+        whole model as one list instead: it is pickled to each shard's process (see the module docstring).
         """
         counter = _ByteCounter(weights)
+        stream: Iterable[tuple[str, Tensor]] = iter(counter) if self.shards == 1 else list(counter)
         self._wake_weights()
         reload_logger = logging.getLogger(RELOAD_LOGGER)
         reload_logger.addFilter(self._reload_filter)
         try:
             with _quiet_reload_loggers() if self.partial_loads else contextlib.nullcontext():
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(counter)})
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
         finally:
             reload_logger.removeFilter(self._reload_filter)
         if self.device.type == "cpu":

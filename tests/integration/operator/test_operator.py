@@ -38,7 +38,7 @@ def refusal(error: ApiError) -> str:
 
 def test_an_rljob_gets_an_owned_rayjob_and_configmap_with_a_worker_group_per_role(cluster: Cluster):
     spec = tiny_spec(
-        rollout={"placement": "separate"},
+        rollout={"placement": "separate", "tensorParallelSize": 4},
         resources={
             "actor": {"replicas": 2, "gpus": 8},
             "rollout": {"replicas": 1, "gpus": 4},

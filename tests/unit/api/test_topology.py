@@ -71,7 +71,7 @@ def test_a_cpu_pool_has_one_rank_per_pod(minimal_manifest: dict):
 def test_a_separate_rollout_is_one_engine_per_pod_spanning_its_gpus(minimal_manifest: dict):
     plan = topology(
         minimal_manifest,
-        rollout={"placement": "separate"},
+        rollout={"placement": "separate", "tensorParallelSize": 4},
         resources={"actor": {"gpus": 8}, "rollout": {"replicas": 2, "minReplicas": 2, "maxReplicas": 4, "gpus": 4}},
     )
     rollout = plan.group(ROLLOUT)
@@ -79,6 +79,17 @@ def test_a_separate_rollout_is_one_engine_per_pod_spanning_its_gpus(minimal_mani
     assert (rollout.actors, rollout.max_actors, rollout.gpus, rollout.actors_per_pod) == (2, 2, 4, 1)
     pool = plan.pool("rollout")
     assert (pool.pods, pool.min_pods, pool.max_pods, pool.elastic, pool.units) == (2, 2, 4, True, 1)
+
+
+def test_a_split_engine_on_cpu_is_one_actor_per_pod_with_the_pods_cores_for_its_shards(minimal_manifest: dict):
+    plan = topology(
+        minimal_manifest,
+        rollout={"placement": "separate", "tensorParallelSize": 2},
+        resources={"rollout": {"replicas": 1, "cpus": 2}},
+    )
+    rollout = plan.group(ROLLOUT)
+    assert rollout is not None
+    assert (rollout.actors, rollout.actors_per_pod, rollout.cpus, rollout.gpus) == (1, 1, 2.0, 0)
 
 
 def test_the_reward_pool_moves_between_its_bounds(minimal_manifest: dict):

@@ -17,6 +17,7 @@ from kuberl.operator.builders import (
     entrypoint,
     runtime_args,
 )
+from tests.conftest import REPO
 from tests.unit.operator.conftest import UID, base_spec, make_rljob
 
 OWNER = Owner(name="tiny-grpo", namespace="team-a", uid=UID)
@@ -71,6 +72,35 @@ def test_gpus_become_nvidia_gpu_limits_and_requests():
     resources = container(actor)["resources"]
     assert resources["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8}
     assert resources["requests"] == resources["limits"]
+
+
+def test_a_tensor_parallel_rollout_replica_gets_a_pod_with_a_gpu_per_shard_and_room_for_one_engine():
+    spec = {
+        "rollout": {"placement": "separate", "tensorParallelSize": 2},
+        "resources": {"actor": {"gpus": 8}, "rollout": {"replicas": 3, "gpus": 2, "cpus": 16}},
+    }
+    rollout = groups(rayjob_for(spec))["rollout"]
+    assert container(rollout)["resources"]["limits"] == {"cpu": "16", "nvidia.com/gpu": 2}
+    assert rollout["replicas"] == 3
+    # one engine per pod: the pod offers one unit of the rollout resource, and the engine's actor asks for it
+    assert json.loads(json.loads(rollout["rayStartParams"]["resources"])) == {"kuberl_rollout": 1}
+
+
+def test_the_7b_example_gets_rollout_pods_of_two_gpus_each_for_its_two_way_split_engines():
+    job = parse_rljob(yaml.safe_load((REPO / "examples" / "grpo-7b-vllm.yaml").read_text()))
+    assert job.spec.rollout.tensor_parallel_size == 2
+    built = groups(build_rayjob(job, OWNER, 0, default_image="default/image:1", generation=1))
+    assert list(built) == ["actor", "rollout"]
+    rollout = built["rollout"]
+    assert rollout["replicas"] == 4 and container(rollout)["resources"]["limits"]["nvidia.com/gpu"] == 2
+
+
+def test_a_tensor_parallel_rollout_on_cpu_gets_a_core_per_shard():
+    spec = {
+        "rollout": {"placement": "separate", "tensorParallelSize": 2},
+        "resources": {"rollout": {"replicas": 1, "cpus": 2}},
+    }
+    assert container(groups(rayjob_for(spec))["rollout"])["resources"]["limits"] == {"cpu": "2"}
 
 
 def test_a_cpu_only_role_asks_for_no_gpu():

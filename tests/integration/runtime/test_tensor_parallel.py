@@ -1,0 +1,104 @@
+"""Tensor-parallel rollout (rollout.tensorParallelSize: 2) with the real vLLM CPU engine, split over two
+worker processes by vLLM's mp executor, against the same engine unsplit.
+
+Greedy decoding is deterministic, so a split engine must pick the same tokens as one that is not, and
+score them the same (fp32, up to the order of a sum over shards). The weights a sync loads are the
+counting model's, perturbed: a split engine that kept its old weights in one shard would answer
+differently from the unsplit one after the sync, or not change its answers at all.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kuberl.runtime.driver import run_job
+from kuberl.runtime.engines.base import SamplingParams
+from kuberl.runtime.models.resolve import default_cache_dir, resolve_model_path
+from kuberl.runtime.workers.rollout_worker import RolloutWorker, weight_buckets
+from tests.integration.runtime.jobs import demo_base_dir, demo_job
+from tests.integration.runtime.test_vllm_engine import hf_model, manifest, perturbed
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TOLERANCE = 1e-4
+TEXTS = ["count: 3 4 5", "count: 17 18 19", "numbers: 40 41 42", "count: 88"]
+
+
+@pytest.fixture(scope="module")
+def counter_dir() -> Path:
+    """tiny://counter (4 attention heads, 2 key-value heads): it counts, so greedy answers vary by prompt."""
+    return resolve_model_path("tiny://counter", default_cache_dir(), "tiny://counter")
+
+
+def separate_rollout_manifest(model_dir: Path, tensor_parallel: int) -> dict:
+    """test_vllm_engine's greedy engine, as a replica of a separate rollout pool split `tensor_parallel` ways."""
+    job = manifest(model_dir, 0.0, placement="separate", tensorParallelSize=tensor_parallel)
+    job["spec"]["resources"] = {"rollout": {"replicas": 1, "cpus": 2}}  # a core per shard
+    return job
+
+
+def attention_heads_per_shard(worker: RolloutWorker) -> list[int]:
+    """The query heads of the first attention layer in each of the engine's worker processes."""
+    return worker.engine.llm.collective_rpc(_first_layer_heads)
+
+
+def _first_layer_heads(vllm_worker) -> int:
+    model = getattr(vllm_worker, "worker", vllm_worker).model_runner.get_model()
+    return int(model.model.layers[0].self_attn.num_heads)
+
+
+def greedy(worker: RolloutWorker, prompts: list[list[int]], version: int) -> tuple[list[list[int]], list[list[float]]]:
+    """Each prompt's greedy response and its tokens' log-probs, from the weights of `version`."""
+    generations = worker.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=8), version)
+    return [g[0].token_ids for g in generations], [g[0].logprobs for g in generations]
+
+
+def test_a_two_way_split_engine_decodes_greedily_as_one_does_before_and_after_a_weight_sync(counter_dir: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(counter_dir)
+    prompts = [tokenizer(text)["input_ids"] for text in TEXTS]
+    new_weights = perturbed(hf_model(counter_dir), seed=5)
+    state = {name: tensor.detach().clone() for name, tensor in new_weights.state_dict().items()}
+    buckets = list(weight_buckets(state.items(), 64 << 10))  # several buckets, as the actor sends them
+    assert len(buckets) > 1
+    results, heads = {}, {}
+    for shards in (1, 2):  # one engine at a time: this machine has two cores
+        worker = RolloutWorker()
+        worker.setup(separate_rollout_manifest(counter_dir, shards), str(counter_dir), str(counter_dir), threads=2)
+        try:
+            heads[shards] = attention_heads_per_shard(worker)
+            before = greedy(worker, prompts, version=0)
+            worker.load_weights_from(buckets, version=1)
+            results[shards] = before, greedy(worker, prompts, version=1)
+        finally:
+            worker.shutdown()
+    assert heads == {1: [4], 2: [2, 2]}  # the split engine really holds half the heads in each process
+    for when in (0, 1):
+        (one_tokens, one_logprobs), (two_tokens, two_logprobs) = results[1][when], results[2][when]
+        assert two_tokens == one_tokens
+        for one, two in zip(one_logprobs, two_logprobs, strict=True):
+            torch.testing.assert_close(torch.tensor(two), torch.tensor(one), atol=TOLERANCE, rtol=0)
+    assert results[2][1][0] != results[2][0][0]  # the sync changed what the split engine answers
+
+
+def test_a_separate_grpo_job_with_a_two_way_split_engine_trains_and_its_engine_matches_the_trainer(
+    ray_session, tmp_path
+):
+    job = demo_job(
+        **{
+            "rollout.engine": "vllm",
+            "rollout.placement": "separate",
+            "rollout.tensorParallelSize": 2,
+            "rollout.verifySync": True,
+            "rollout.verifySyncTolerance": TOLERANCE,
+            "resources.rollout": {"replicas": 1, "cpus": 2},
+            "training.totalSteps": 2,
+            "checkpoint.exportHf": False,
+        }
+    )
+    run = run_job(job, tmp_path, demo_base_dir(), progress=False)
+    assert [record["step"] for record in run.history] == [1, 2]
+    for record in run.history:
+        assert record["sync/max_logprob_diff"] <= TOLERANCE  # the probe after each sync, in the split engine
+        assert record["rollout/logprob_diff_max"] <= TOLERANCE  # every sampled token against the trainer

@@ -1,0 +1,62 @@
+"""rollout.tensorParallelSize in the vLLM engine's arguments and start-up checks (no engine is started)."""
+
+import json
+
+import pytest
+
+from kuberl.api import parse_rljob
+from kuberl.runtime.engines.vllm import (
+    check_tensor_parallel,
+    llm_arguments,
+    tensor_parallel_problem,
+    worker_environment,
+)
+from tests.unit.api.test_rules import spec_with
+
+SEPARATE_CPU_POOL = {"rollout.placement": "separate", "resources.rollout": {"replicas": 1, "cpus": 4}}
+
+
+def test_a_split_engine_runs_its_shards_in_worker_processes_of_vllms_mp_executor():
+    spec = parse_rljob(spec_with({**SEPARATE_CPU_POOL, "rollout.tensorParallelSize": 2})).spec
+    arguments = llm_arguments(spec, "/m", cuda=False)
+    assert (arguments["tensor_parallel_size"], arguments["distributed_executor_backend"]) == (2, "mp")
+
+
+def test_an_unsplit_engine_keeps_vllms_in_process_executor():
+    arguments = llm_arguments(parse_rljob(spec_with({})).spec, "/m", cuda=False)
+    assert "tensor_parallel_size" not in arguments and "distributed_executor_backend" not in arguments
+
+
+def test_cpu_shards_share_the_replicas_threads_and_are_not_pinned_by_vllm():
+    assert worker_environment(2, cuda=False, threads=4) == {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "2",
+    }
+    assert worker_environment(4, cuda=False, threads=2)["OMP_NUM_THREADS"] == "1"
+    assert worker_environment(2, cuda=True, threads=4) == {}  # vLLM places GPU workers itself
+    assert worker_environment(1, cuda=False, threads=4) == {}
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "shards", "problem"),
+    [
+        (4, 2, 2, None),
+        (32, 8, 4, None),
+        (28, 4, 4, None),  # Qwen2.5-7B at 4 shards
+        (16, 2, 4, None),  # 2 KV heads, each replicated on 2 shards
+        (4, 2, 3, "4 attention heads, which 3 shards cannot split evenly"),
+        (12, 3, 2, "3 key-value heads, which 2 shards can neither split nor replicate evenly"),
+        (12, 2, 3, "2 key-value heads, which 3 shards can neither split nor replicate evenly"),
+    ],
+)
+def test_a_split_must_divide_the_models_heads(heads, kv_heads, shards, problem):
+    config = {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    found = tensor_parallel_problem(config, shards)
+    assert found is None if problem is None else problem in found
+
+
+def test_a_split_the_model_cannot_take_is_refused_at_engine_start_naming_the_field(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))
+    with pytest.raises(ValueError, match=r"spec.rollout.tensorParallelSize 3: the model has 4 attention heads"):
+        check_tensor_parallel(str(tmp_path), 3)
+    check_tensor_parallel(str(tmp_path), 2)
