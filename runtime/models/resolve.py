@@ -6,20 +6,30 @@
     s3://b/p, gs://b/p     copied with fsspec into <cache>/s3/b/p (s3fs / gcsfs must be installed; AWS_ENDPOINT_URL
                            is honoured, runtime/objectstore.py)
 
-Builds and downloads land in a temporary folder beside their target and are renamed into
-place, so a job killed mid-download never leaves a half folder that a later start would trust,
-and two workers resolving the same model at once both end up with one complete copy.
+Each pod that loads a model resolves it itself, into its own cache (runtime/plan.py sends locations,
+never the head's folders). Builds and downloads land in a temporary folder beside their target and
+are renamed into place, so a job killed mid-download never leaves a half folder that a later start
+would trust. They run under a lock file beside the target (`.NAME.lock`, flock): of the workers on
+one node that resolve the same model at once (the ranks of one pod, or a trainer and its colocated
+engine), one builds or downloads it and the others wait for it and use its copy, instead of each
+fetching the model again. The kernel drops the lock with the process that held it, so a worker
+killed mid-download leaves no stale lock behind.
 """
 
+import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kuberl.api.contract import CACHE_ENV
 from kuberl.runtime.models.tiny import BUILDER_VERSION, TINY_MODELS, build_tiny_model
+
+log = logging.getLogger(__name__)
 
 
 class ModelNotFoundError(ValueError):
@@ -38,22 +48,41 @@ def tiny_model_dir(name: str, cache_dir: Path) -> Path:
 
 
 def _materialise(target: Path, fill: Callable[[Path], object]) -> Path:
-    """Fills a temporary folder beside target and renames it into place; an existing target wins a race."""
+    """The complete folder at target: filled, by the one process holding target's lock, in a temporary
+    folder beside it that is then renamed into place; processes that waited for the lock find it done."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        fill(staging)
+    with _node_lock(target):
+        if (target / "config.json").is_file():  # another worker filled it while this one waited
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-            # Another worker renamed its complete copy into place first; keep it, drop ours.
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            fill(staging)
+            try:
+                os.rename(staging, target)
+            except OSError:
+                if not (target / "config.json").is_file():
+                    raise
+                # A process that does not take the lock (an older kuberl) renamed its copy first: keep it.
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+@contextmanager
+def _node_lock(target: Path) -> Iterator[None]:
+    """An exclusive flock on `.<target name>.lock` beside target, held while the body runs."""
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process on this node to finish %s", target)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _resolve_tiny(name: str, cache_dir: Path, field: str) -> Path:
