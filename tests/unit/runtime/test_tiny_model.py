@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from kuberl.runtime.models import resolve as resolve_module
 from kuberl.runtime.models.pretrain import PretrainingSpec, corpus_batches, learning_rate, pretrain, token_batch
-from kuberl.runtime.models.resolve import ModelNotFoundError, resolve_model_path, tiny_model_dir
+from kuberl.runtime.models.resolve import ModelNotFoundError, check_model_location, resolve_model_path, tiny_model_dir
 from kuberl.runtime.models.tiny import TINY_MODELS, build_tiny_model, llama_config
 from kuberl.runtime.rewards.builtin import tiny_task
 
@@ -362,3 +362,44 @@ def test_each_tiny_model_has_its_own_cache_folder(tmp_path: Path) -> None:
     folders = [tiny_model_dir(name, tmp_path) for name in TINY_MODELS]
     assert len(set(folders)) == len(TINY_MODELS)
     assert all(folder.name.startswith(f"{name}-") for name, folder in zip(TINY_MODELS, folders, strict=True))
+
+
+# ----------------------------------------------------------------------------- check_model_location
+def test_checking_a_tiny_model_builds_nothing(tmp_path: Path) -> None:
+    check_model_location("tiny://counter", tmp_path, FIELD)
+    assert not tmp_path.joinpath("tiny").exists()
+    with pytest.raises(ModelNotFoundError, match=r"spec\.models\.actor\.path: unknown tiny model tiny://huge"):
+        check_model_location("tiny://huge", tmp_path, FIELD)
+
+
+def test_checking_an_object_store_model_reads_only_whether_it_has_a_config(
+    tmp_path: Path, demo_dir: Path, monkeypatch
+) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")  # stands in for s3://, as above
+    memory.pipe("/checked/demo/config.json", (demo_dir / "config.json").read_bytes())
+    memory.pipe("/checked/weights-only/model.safetensors", b"")
+    real_url_to_fs = fsspec.core.url_to_fs
+    monkeypatch.setattr(
+        fsspec.core, "url_to_fs", lambda uri, **options: real_url_to_fs(uri.replace("s3://", "memory://"), **options)
+    )
+    check_model_location("s3://checked/demo", tmp_path, "spec.reward.model.path")
+    assert list(tmp_path.iterdir()) == []  # nothing copied
+    with pytest.raises(ModelNotFoundError, match=r"spec\.reward\.model\.path: s3://checked/weights-only holds no"):
+        check_model_location("s3://checked/weights-only", tmp_path, "spec.reward.model.path")
+    memory.rm("/checked", recursive=True)
+
+
+def test_checking_a_hub_model_the_hub_does_not_serve_says_to_mount_it(tmp_path: Path, monkeypatch) -> None:
+    import huggingface_hub
+
+    asked: list[dict[str, object]] = []
+
+    def offline(**request: object) -> str:
+        asked.append(request)
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(ModelNotFoundError, match=r"spec\.models\.critic\.path: cannot read hf://org/model/config.json"):
+        check_model_location("hf://org/model", tmp_path, "spec.models.critic.path")
+    assert [request["filename"] for request in asked] == ["config.json"]  # the config, never the weights
