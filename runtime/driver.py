@@ -172,13 +172,11 @@ class Checkpointing:
         self.last_step, self.last_time = done, time.monotonic()
         self.last_save_seconds = self.last_time - started
 
-    def export(self, plan: RunPlan, directory: Path) -> Path | None:
+    def export(self, directory: Path) -> Path | None:
         """The latest checkpoint's actor as a Hugging Face folder (the last step always saves, so it is final)."""
         if self.latest is None or self.groups is None:
             return None
-        exported = self.groups.actor.call(
-            "export_hf", self.latest.uri, plan.model_paths["actor"], str(directory), plan.tokenizer_path
-        )
+        exported = self.groups.actor.call("export_hf", self.latest.uri, str(directory))
         return Path(exported[0])
 
 
@@ -314,7 +312,7 @@ def _run(
                 raise failure.with_checkpoint(checkpointing.latest) from None
             finally:
                 plot = reporter.close()
-        model_dir = checkpointing.export(plan, output_dir / "model") if job.spec.checkpoint.export_hf else None
+        model_dir = checkpointing.export(output_dir / "model") if job.spec.checkpoint.export_hf else None
         return RunResult(output_dir, plan.total_steps, reporter.history, model_dir, plot)
     finally:
         trackers.close()

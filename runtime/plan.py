@@ -1,8 +1,14 @@
 """Start-up: everything that can be checked before a Ray actor exists, checked.
 
-`make_plan` resolves models, loads and tokenizes the data, plans the topology (which actors go
-on which pools, api/topology.py) and checks the batch arithmetic against the trainers' sizes.
-Whatever is wrong surfaces here, naming the field or file, before any minute of compute is spent.
+`make_plan` checks that every model location can be resolved, loads and tokenizes the data, plans the
+topology (which actors go on which pools, api/topology.py) and checks the batch arithmetic against the
+trainers' sizes. Whatever is wrong surfaces here, naming the field or file, before any minute of
+compute is spent.
+
+The plan carries each model's *location* as the manifest names it (`ModelLocation`: tiny://, hf://,
+s3://, or an absolute path), never a folder of the driver's: on a cluster each worker is a pod of its
+own, so every worker resolves the models it loads on its own node (runtime/models/resolve.py). The
+driver resolves only what it reads itself, the actor's tokenizer and config.
 """
 
 import json
@@ -13,7 +19,7 @@ from typing import Any, Protocol, cast
 from kuberl.api import RLJob, Role
 from kuberl.api.topology import ActorGroup, Topology, plan_topology
 from kuberl.runtime.data import PromptDataset, PromptLoader
-from kuberl.runtime.models.resolve import resolve_model_path
+from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.rewards.checks import check_reward_inputs, resolved_reward_file
 
 
@@ -35,8 +41,8 @@ class RunPlan:
     job: RLJob
     output_dir: Path
     base_dir: Path
-    model_paths: dict[str, str]  # role -> local folder
-    tokenizer_path: str  # local folder of the actor's tokenizer (spec.models.actor.tokenizer, else its model's)
+    models: dict[str, ModelLocation]  # role -> where its model is; each worker resolves it on its own node
+    tokenizer_location: ModelLocation  # the actor's tokenizer: spec.models.actor.tokenizer, else its model
     tokenizer: Tokenizer
     loader: PromptLoader
     topology: Topology
@@ -52,10 +58,28 @@ class RunPlan:
         return self.topology.actor.actors
 
 
-def _resolve(path: str, base_dir: Path, cache_dir: Path, field: str) -> str:
-    if "://" not in path and not Path(path).is_absolute():
-        path = str((base_dir / path).resolve())
-    return str(resolve_model_path(path, cache_dir, field))
+def model_locations(job: RLJob, base_dir: Path) -> dict[str, ModelLocation]:
+    """Each role's model: the reference's and critic's default to the actor's, a reward model only when the
+    reward is one."""
+    models = job.spec.models
+    actor = ModelLocation.of(models.actor.path, base_dir, "spec.models.actor.path")
+    locations = {"actor": actor, "reference": actor}
+    if models.reference is not None and models.reference.path is not None:
+        locations["reference"] = ModelLocation.of(models.reference.path, base_dir, "spec.models.reference.path")
+    if models.critic is not None:
+        path = models.critic.path
+        locations["critic"] = ModelLocation.of(path, base_dir, "spec.models.critic.path") if path else actor
+    if job.spec.reward.model is not None:
+        locations["reward"] = ModelLocation.of(job.spec.reward.model.path, base_dir, "spec.reward.model.path")
+    return locations
+
+
+def tokenizer_location(job: RLJob, base_dir: Path) -> ModelLocation:
+    """The actor's tokenizer: spec.models.actor.tokenizer, else the actor's model's."""
+    actor = job.spec.models.actor
+    if actor.tokenizer:
+        return ModelLocation.of(actor.tokenizer, base_dir, "spec.models.actor.tokenizer")
+    return ModelLocation.of(actor.path, base_dir, "spec.models.actor.path")
 
 
 def environment_tools(job: RLJob, model_path: str) -> list[dict[str, Any]]:
@@ -82,27 +106,21 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
 
     topology = plan_topology(job.spec)
     spec = job.spec
-    actor_path = _resolve(spec.models.actor.path, base_dir, cache_dir, "spec.models.actor.path")
-    paths = {"actor": actor_path, "reference": actor_path}
-    if spec.models.reference is not None and spec.models.reference.path is not None:
-        paths["reference"] = _resolve(spec.models.reference.path, base_dir, cache_dir, "spec.models.reference.path")
-    if spec.models.critic is not None:
-        critic_path = spec.models.critic.path
-        paths["critic"] = (
-            _resolve(critic_path, base_dir, cache_dir, "spec.models.critic.path") if critic_path else actor_path
-        )
-    if spec.reward.model is not None:
-        paths["reward"] = _resolve(spec.reward.model.path, base_dir, cache_dir, "spec.reward.model.path")
+    locations, tokenizer_at = model_locations(job, base_dir), tokenizer_location(job, base_dir)
+    # The driver reads the actor's config and tokenizer itself; the other models only have to be resolvable
+    # (a bad location fails here, naming its field), and each worker resolves them on its own node.
+    actor_path = str(locations["actor"].resolve(cache_dir))
+    tokenizer_path = str(tokenizer_at.resolve(cache_dir))
+    for role, location in locations.items():
+        if role != "actor":
+            location.check(cache_dir)
     from kuberl.runtime.models.lora import lora_problems
 
     for problem in lora_problems(spec, actor_path):
         raise RunConfigError(problem)
-    tokenizer_path = actor_path
-    if spec.models.actor.tokenizer:
-        tokenizer_path = _resolve(spec.models.actor.tokenizer, base_dir, cache_dir, "spec.models.actor.tokenizer")
     # transformers types decode() for a batch too (str | list[str]); the controller decodes one sequence
     tokenizer = cast(Tokenizer, AutoTokenizer.from_pretrained(tokenizer_path))
-    tools = environment_tools(job, paths["actor"])
+    tools = environment_tools(job, actor_path)
     dataset = PromptDataset.load(spec.data, tokenizer, base_dir, split="train", tools=tools)
     loader = PromptLoader(
         dataset,
@@ -119,7 +137,7 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
     spec.reward = resolved_reward_file(spec.reward, base_dir)  # the workers load it from anywhere
     check_reward_inputs(spec.reward, {"data.train": dataset, "data.validation": validation})
     return RunPlan(
-        job, output_dir, base_dir, paths, tokenizer_path, tokenizer, loader, topology, mini_batches, validation
+        job, output_dir, base_dir, locations, tokenizer_at, tokenizer, loader, topology, mini_batches, validation
     )
 
 

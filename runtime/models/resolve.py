@@ -1,4 +1,4 @@
-"""From a model location in a manifest to a local Hugging Face folder.
+"""From a model location in a manifest to a local Hugging Face folder, on the node that loads the model.
 
     tiny://demo            built here (kuberl.runtime.models.tiny) into <cache>/tiny/demo-<builder hash>
     /models/qwen, file://  used where it is: must exist and hold config.json
@@ -6,24 +6,67 @@
     s3://b/p, gs://b/p     copied with fsspec into <cache>/s3/b/p (s3fs / gcsfs must be installed; AWS_ENDPOINT_URL
                            is honoured, runtime/objectstore.py)
 
-Builds and downloads land in a temporary folder beside their target and are renamed into
-place, so a job killed mid-download never leaves a half folder that a later start would trust,
-and two workers resolving the same model at once both end up with one complete copy.
+Each pod that loads a model resolves it itself, into its own cache (runtime/plan.py sends locations,
+never the head's folders). Builds and downloads land in a temporary folder beside their target and
+are renamed into place, so a job killed mid-download never leaves a half folder that a later start
+would trust. They run under a lock file beside the target (`.NAME.lock`, flock): of the workers on
+one node that resolve the same model at once (the ranks of one pod, or a trainer and its colocated
+engine), one builds or downloads it and the others wait for it and use its copy, instead of each
+fetching the model again. The kernel drops the lock with the process that held it, so a worker
+killed mid-download leaves no stale lock behind.
 """
 
+import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kuberl.api.contract import CACHE_ENV
 from kuberl.runtime.models.tiny import BUILDER_VERSION, TINY_MODELS, build_tiny_model
 
+log = logging.getLogger(__name__)
+
 
 class ModelNotFoundError(ValueError):
     """A model location that cannot be used; the message names the spec field, the location and what to do."""
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """A model as the manifest names it, and the spec field that names it (for errors).
+
+    This, not a local folder, is what travels from the driver to the workers: on a cluster each
+    worker is a pod of its own, and a folder in one pod's cache does not exist in another's. Every
+    pod that loads the model resolves it on its own node (`resolve`).
+    """
+
+    uri: str  # tiny://NAME, hf://ORG/NAME, s3://..., gs://..., or an absolute path (file://)
+    field: str  # e.g. spec.models.actor.path
+
+    @classmethod
+    def of(cls, path: str, base_dir: Path, field: str) -> "ModelLocation":
+        """The location a manifest's `path` names; a relative path is made absolute against the manifest's
+        folder `base_dir`, so it names the same folder on every pod that mounts the volume holding it."""
+        if "://" not in path and not Path(path).is_absolute():
+            path = str((base_dir / path).resolve())
+        return cls(path, field)
+
+    def resolve(self, cache_dir: Path | None = None) -> Path:
+        """A local folder holding the model on this node (built, downloaded, or used in place), in `cache_dir`
+        (default: this process's default_cache_dir())."""
+        return resolve_model_path(self.uri, cache_dir or default_cache_dir(), self.field)
+
+    def check(self, cache_dir: Path | None = None) -> None:
+        """Raises ModelNotFoundError, naming the field, when this location cannot be resolved; fetches no weights
+        (the config alone from the hub)."""
+        check_model_location(self.uri, cache_dir or default_cache_dir(), self.field)
 
 
 def default_cache_dir() -> Path:
@@ -38,22 +81,41 @@ def tiny_model_dir(name: str, cache_dir: Path) -> Path:
 
 
 def _materialise(target: Path, fill: Callable[[Path], object]) -> Path:
-    """Fills a temporary folder beside target and renames it into place; an existing target wins a race."""
+    """The complete folder at target: filled, by the one process holding target's lock, in a temporary
+    folder beside it that is then renamed into place; processes that waited for the lock find it done."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        fill(staging)
+    with _node_lock(target):
+        if (target / "config.json").is_file():  # another worker filled it while this one waited
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-            # Another worker renamed its complete copy into place first; keep it, drop ours.
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            fill(staging)
+            try:
+                os.rename(staging, target)
+            except OSError:
+                if not (target / "config.json").is_file():
+                    raise
+                # A process that does not take the lock (an older kuberl) renamed its copy first: keep it.
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+@contextmanager
+def _node_lock(target: Path) -> Iterator[None]:
+    """An exclusive flock on `.<target name>.lock` beside target, held while the body runs."""
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process on this node to finish %s", target)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _resolve_tiny(name: str, cache_dir: Path, field: str) -> Path:
@@ -80,16 +142,22 @@ def _resolve_local(path: str, field: str) -> Path:
     return folder
 
 
-def _resolve_hub(repo_id: str, cache_dir: Path, field: str) -> Path:
+def _hub(repo_id: str, field: str) -> Any:
+    """The huggingface_hub module, or a ModelNotFoundError saying to install it or mount the model."""
     try:
-        from huggingface_hub import snapshot_download
+        import huggingface_hub
     except ImportError as error:
         raise ModelNotFoundError(
             f"{field}: hf://{repo_id} needs huggingface_hub, which is not installed; "
             "install it in the runtime image or mount the model and give its path"
         ) from error
+    return huggingface_hub
+
+
+def _resolve_hub(repo_id: str, cache_dir: Path, field: str) -> Path:
+    hub = _hub(repo_id, field)
     try:
-        return Path(snapshot_download(repo_id=repo_id, cache_dir=str(cache_dir / "hf")))
+        return Path(hub.snapshot_download(repo_id=repo_id, cache_dir=str(cache_dir / "hf")))
     except Exception as error:  # network, auth, missing repo: all mean "not from the hub, here"
         raise ModelNotFoundError(
             f"{field}: cannot download hf://{repo_id} ({type(error).__name__}: {error}); the hub is unreachable "
@@ -97,33 +165,82 @@ def _resolve_hub(repo_id: str, cache_dir: Path, field: str) -> Path:
         ) from error
 
 
-def _resolve_object_store(uri: str, cache_dir: Path, field: str) -> Path:
-    scheme, _, key = uri.partition("://")
+def _object_store(uri: str, field: str) -> tuple[Any, str]:
+    """The fsspec filesystem of `uri` and the path in it, or a ModelNotFoundError naming what to install."""
     try:
         from kuberl.runtime.objectstore import url_to_fs
 
-        filesystem, root = url_to_fs(uri)
+        return url_to_fs(uri)
     except ImportError as error:
-        package = {"s3": "s3fs", "gs": "gcsfs"}.get(scheme, "fsspec")
+        package = {"s3": "s3fs", "gs": "gcsfs"}.get(uri.partition("://")[0], "fsspec")
         raise ModelNotFoundError(
             f"{field}: reading {uri} needs {package}, which is not installed; "
             "install it in the runtime image, or mount the model on a volume and give its path"
         ) from error
 
+
+def _not_a_model(uri: str, field: str) -> ModelNotFoundError:
+    return ModelNotFoundError(f"{field}: {uri} holds no config.json; point at a Hugging Face model folder")
+
+
+def _unreadable(uri: str, field: str, error: Exception) -> ModelNotFoundError:
+    return ModelNotFoundError(
+        f"{field}: cannot download {uri} ({type(error).__name__}: {error}); check the URI and that "
+        "checkpoint.secretRef / spec.secretRefs give credentials for it"
+    )
+
+
+def _resolve_object_store(uri: str, cache_dir: Path, field: str) -> Path:
+    scheme, _, key = uri.partition("://")
+    filesystem, root = _object_store(uri, field)
+
     def download(staging: Path) -> None:
         filesystem.get(root.rstrip("/") + "/", str(staging), recursive=True)
         if not (staging / "config.json").is_file():
-            raise ModelNotFoundError(f"{field}: {uri} holds no config.json; point at a Hugging Face model folder")
+            raise _not_a_model(uri, field)
 
     try:
         return _materialise(cache_dir / scheme / key.strip("/"), download)
     except ModelNotFoundError:
         raise
     except Exception as error:  # credentials, missing bucket, network
+        raise _unreadable(uri, field, error) from error
+
+
+def check_model_location(path: str, cache_dir: Path, field: str) -> None:
+    """What `resolve_model_path` would refuse, refused without building or downloading the model."""
+    if path.startswith("tiny://"):
+        name = path.removeprefix("tiny://")
+        if name not in TINY_MODELS:
+            _resolve_tiny(name, cache_dir, field)  # raises, listing the known names
+    elif path.startswith("hf://"):
+        _check_hub(path.removeprefix("hf://"), cache_dir, field)
+    elif path.startswith(("s3://", "gs://")):
+        _check_object_store(path, field)
+    else:
+        _resolve_local(path, field)
+
+
+def _check_hub(repo_id: str, cache_dir: Path, field: str) -> None:
+    hub = _hub(repo_id, field)
+    try:
+        hub.hf_hub_download(repo_id=repo_id, filename="config.json", cache_dir=str(cache_dir / "hf"))
+    except Exception as error:  # network, auth, missing repo or file
         raise ModelNotFoundError(
-            f"{field}: cannot download {uri} ({type(error).__name__}: {error}); check the URI and that "
-            "checkpoint.secretRef / spec.secretRefs give credentials for it"
+            f"{field}: cannot read hf://{repo_id}/config.json ({type(error).__name__}: {error}); the hub is "
+            "unreachable or the repository is private, missing or not a model. Mount the model on a volume "
+            "and give its path instead"
         ) from error
+
+
+def _check_object_store(uri: str, field: str) -> None:
+    filesystem, root = _object_store(uri, field)
+    try:
+        found = filesystem.exists(root.rstrip("/") + "/config.json")
+    except Exception as error:  # credentials, missing bucket, network
+        raise _unreadable(uri, field, error) from error
+    if not found:
+        raise _not_a_model(uri, field)
 
 
 def resolve_model_path(path: str, cache_dir: Path, field: str) -> Path:

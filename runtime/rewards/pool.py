@@ -1,6 +1,6 @@
 """The elastic reward pool: reward work goes through a queue to a set of reward workers that grows and shrinks.
 
-    pool = RewardPool(spec.reward.to_manifest(), model_path, topology.reward)
+    pool = RewardPool(spec.reward.to_manifest(), plan.models.get("reward"), topology.reward)
     results = pool.score(prompts, completions, samples)   # one RewardResult per sample, in order
     pool.metrics()                                          # reward/pool_size, reward/scale_ups, ...
     pool.shutdown()
@@ -48,6 +48,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from kuberl.api import RewardSpec
 from kuberl.api.topology import ActorGroup
 from kuberl.runtime.deadline import StepTimeoutError, current_deadline
+from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.rewards.autoscale import PoolBounds, ScalePolicy, decide_pool_size
 from kuberl.runtime.rewards.functions import RewardResult
 from kuberl.runtime.rewards.ledger import ResultLedger
@@ -114,7 +115,7 @@ class RewardPool:
     def __init__(
         self,
         reward_manifest: dict[str, Any],
-        model_path: str | None,
+        model: ModelLocation | None,
         group: ActorGroup,
         *,
         policy: ScalePolicy | None = None,
@@ -126,7 +127,7 @@ class RewardPool:
         self.batch_timeout_s = spec.batch_timeout_seconds
         self.slots = spec.endpoint.max_concurrency if spec.endpoint is not None else 1
         self._manifest = reward_manifest
-        self._model_path = model_path
+        self._model = model  # spec.reward.model's location: each worker resolves it on its own node
         self._remote: Any = ray.remote(RewardWorker).options(**ray_actor_options(group), max_concurrency=self.slots)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -245,7 +246,7 @@ class RewardPool:
     def _start_worker(self, now: float) -> _Worker:
         self._numbered += 1
         actor = self._remote.remote(self._numbered)
-        worker = _Worker(self._numbered, actor, actor.setup.remote(self._manifest, self._model_path), now, now)
+        worker = _Worker(self._numbered, actor, actor.setup.remote(self._manifest, self._model), now, now)
         self._workers[worker.number] = worker
         self._peak = max(self._peak, len(self._workers))
         return worker

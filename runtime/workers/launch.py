@@ -120,7 +120,7 @@ def start_groups(plan: RunPlan) -> Groups:
             elif group.name == Role.ROLLOUT:
                 started[group.name] = WorkerGroup(RolloutWorker, group)
         pending = [call for workers in started.values() for call in setup_calls(plan, workers)]
-        reward = RewardPool(plan.job.spec.reward.to_manifest(), plan.model_paths.get("reward"), plan.topology.reward)
+        reward = RewardPool(plan.job.spec.reward.to_manifest(), plan.models.get("reward"), plan.topology.reward)
         try:
             environment = start_environment(plan)
             ray.get(pending)
@@ -152,18 +152,20 @@ def start_environment(plan: RunPlan) -> EnvironmentPool | None:
 
 
 def setup_calls(plan: RunPlan, workers: WorkerGroup) -> list[Any]:
-    """The setup of every worker of a group, under way: each model group is a process group of its own."""
+    """The setup of every worker of a group, under way: each model group is a process group of its own.
+
+    The workers are given the models' locations and resolve them on their own nodes."""
     group = workers.group
-    job, actor_path = plan.job.to_manifest(), plan.model_paths["actor"]
+    job, actor = plan.job.to_manifest(), plan.models["actor"]
     threads = max(1, int(group.cpus))
     if group.name == Role.ROLLOUT:
-        return [worker.setup.remote(job, actor_path, plan.tokenizer_path, threads) for worker in workers.workers]
+        return [worker.setup.remote(job, actor, plan.tokenizer_location, threads) for worker in workers.workers]
     master_addr, master_port = ray.get(workers.workers[0].address.remote())
     setup = WorkerSetup(
         job=job,
         roles=tuple(role.value for role in group.roles),
-        model_paths=plan.model_paths,
-        tokenizer_path=plan.tokenizer_path,
+        models=plan.models,
+        tokenizer=plan.tokenizer_location,
         master_addr=master_addr,
         master_port=master_port,
         total_steps=plan.total_steps,

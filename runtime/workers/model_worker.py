@@ -25,6 +25,7 @@ from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu
 from kuberl.runtime.models.dtypes import reference_dtype, torch_dtype
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
+from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_critic, update_policy
 from kuberl.runtime.workers.group import worker_device
 
@@ -36,8 +37,8 @@ TRAINED_ROLES = ("actor", "critic")
 class WorkerSetup:
     job: dict[str, Any]  # the RLJob manifest
     roles: tuple[str, ...]  # which of actor, rollout, reference, critic this group hosts
-    model_paths: dict[str, str]  # role -> resolved local model folder
-    tokenizer_path: str
+    models: dict[str, ModelLocation]  # role -> where its model is (each rank resolves it on its own node)
+    tokenizer: ModelLocation
     master_addr: str
     master_port: int
     total_steps: int
@@ -59,6 +60,8 @@ class ModelWorker:
         self.job: RLJob | None = None
         self.lora_sync: str | None = None  # what a sync sends (models.lora.sync_mode)
         self.reference_is_base = False  # the reference is the LoRA actor with its adapters off
+        self.models: dict[str, ModelLocation] = {}
+        self.tokenizer_at: ModelLocation | None = None
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 serves the process group's rendezvous."""
@@ -80,14 +83,15 @@ class ModelWorker:
             )
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer_path)
+        self.models, self.tokenizer_at = setup.models, setup.tokenizer
+        self.tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer.resolve())
         spec = self.job.spec
         started = time.perf_counter()
         self.lora_sync = sync_mode(spec)
         if "actor" in setup.roles:
             actor = spec.models.actor
             self.trainers["actor"] = self._trainer(
-                setup.model_paths["actor"],
+                setup.models["actor"],
                 actor.dtype.value,
                 actor.optim,
                 setup.total_steps,
@@ -98,12 +102,12 @@ class ModelWorker:
         self.reference_is_base = (
             "actor" in setup.roles
             and spec.models.actor.lora is not None
-            and setup.model_paths.get("reference") == setup.model_paths["actor"]
+            and setup.models["reference"].uri == setup.models["actor"].uri
         )
         if "reference" in setup.roles and not self.reference_is_base:
             reference = spec.models.reference
             self.trainers["reference"] = self._trainer(
-                setup.model_paths["reference"],
+                setup.models["reference"],
                 reference_dtype(spec),
                 None,
                 0,
@@ -112,7 +116,7 @@ class ModelWorker:
         if "critic" in setup.roles and spec.models.critic is not None:
             critic = spec.models.critic
             self.trainers["critic"] = self._trainer(
-                setup.model_paths["critic"],
+                setup.models["critic"],
                 critic.dtype.value,
                 critic.optim,
                 setup.total_steps,
@@ -121,7 +125,7 @@ class ModelWorker:
                 offload=critic.offload.params,
             )
         if "rollout" in setup.roles:
-            self.engine = self._rollout_engine(setup.model_paths["actor"])
+            self.engine = self._rollout_engine(str(setup.models["actor"].resolve()))
         return {"rank": self.rank, "device": str(self.device), "seconds": time.perf_counter() - started}
 
     def hosted(self) -> dict[str, Any]:
@@ -148,7 +152,7 @@ class ModelWorker:
 
     def _trainer(
         self,
-        path: str,
+        location: ModelLocation,
         dtype: str,
         optim: Any,
         total_steps: int,
@@ -164,7 +168,7 @@ class ModelWorker:
         torch.manual_seed(self.job.spec.training.seed)  # a new value head starts the same on every rank
         kind = AutoModelForTokenClassification if critic else AutoModelForCausalLM
         extra = {"num_labels": 1} if critic else {}
-        model = kind.from_pretrained(path, dtype=torch_dtype(dtype), **extra)
+        model = kind.from_pretrained(location.resolve(), dtype=torch_dtype(dtype), **extra)
         if optim is None:
             model.requires_grad_(False)
         if lora is not None:
@@ -279,18 +283,20 @@ class ModelWorker:
         if self.engine is not None:
             load_into(self.engine, self.lora_sync, sync_payload(self.trainers["actor"], self.lora_sync))
 
-    def export_hf(self, checkpoint_uri: str, base_model_path: str, directory: str, tokenizer_path: str) -> str | None:
+    def export_hf(self, checkpoint_uri: str, directory: str) -> str | None:
         """The final actor as a Hugging Face folder, written by rank 0 (the pod that trained it has the memory
         for a full copy; the controller's may not). A full model comes from the final checkpoint
-        (kuberl.runtime.checkpoint.export_hf); a LoRA actor's adapter, which that refuses, from the trainer."""
-        assert self.job is not None
+        (kuberl.runtime.checkpoint.export_hf); a LoRA actor's adapter, which that refuses, from the trainer.
+        The base model's config and the tokenizer are read from this node's copies (resolved at setup)."""
+        assert self.job is not None and self.tokenizer_at is not None
+        base_model = str(self.models["actor"].resolve())
         if self.job.spec.models.actor.lora is not None:
-            return export_lora_actor(self, directory, base_model_path)  # collective: every rank gathers
+            return export_lora_actor(self, directory, base_model)  # collective: every rank gathers
         if self.rank != 0:
             return None
         from kuberl.runtime.checkpoint import export_hf
 
-        return str(export_hf(checkpoint_uri, base_model_path, directory, tokenizer_path=tokenizer_path))
+        return str(export_hf(checkpoint_uri, base_model, directory, tokenizer_path=str(self.tokenizer_at.resolve())))
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -8,10 +8,10 @@ may be called by several threads at once (the pool gives its actor maxConcurrenc
 endpoint client bounds the requests in flight. Function and model workers run one call at a time.
 """
 
-from pathlib import Path
 from typing import Any
 
 from kuberl.api import RewardSpec
+from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.rewards.endpoint import RewardEndpointClient
 from kuberl.runtime.rewards.functions import RewardResult
 from kuberl.runtime.rewards.isolated import IsolatedRewardFunction
@@ -26,7 +26,9 @@ class RewardWorker:
         self.endpoint: RewardEndpointClient | None = None
         self.batch_size = 32
 
-    def setup(self, reward: dict[str, Any], model_path: str | None = None) -> None:
+    def setup(self, reward: dict[str, Any], model: ModelLocation | None = None) -> None:
+        """Ready to score: the function loaded, the endpoint's client made, or the reward model (spec.reward.model
+        at `model`, resolved on this node) loaded."""
         spec = RewardSpec.model_validate(reward)
         self.batch_size = spec.batch_size
         if spec.function is not None:
@@ -34,10 +36,10 @@ class RewardWorker:
         elif spec.model is not None:
             from kuberl.runtime.rewards.model import RewardModelScorer
 
-            assert model_path is not None
+            assert model is not None
             # the GPU the pool's Ray actor was given (resources.reward.gpus), else the CPU
             device = str(worker_device())
-            self.model = RewardModelScorer(Path(model_path), spec.model.dtype.value, spec.model.batch_size, device)
+            self.model = RewardModelScorer(model.resolve(), spec.model.dtype.value, spec.model.batch_size, device)
         else:
             assert spec.endpoint is not None  # RewardSpec holds exactly one of the three
             self.endpoint = RewardEndpointClient.from_spec(spec.endpoint)

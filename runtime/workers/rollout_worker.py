@@ -29,6 +29,7 @@ from torch import Tensor
 from kuberl.api import parse_rljob
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.models.lora import load_into, sync_mode
+from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.workers.group import worker_device
 
 #: (name, tensor) pairs that travel together through the object store.
@@ -90,8 +91,10 @@ class RolloutWorker:
         self.weight_version: int | None = None  # None: no engine yet, or a load is under way or failed
         self.lora_sync: str | None = None  # what the actor sends (models.lora.sync_mode): weights or an adapter
 
-    def setup(self, job_manifest: dict[str, Any], model_path: str, tokenizer_path: str, threads: int = 1) -> dict:
-        """Builds the engine `spec.rollout.engine` names with the model at `model_path` (weight version 0)."""
+    def setup(
+        self, job_manifest: dict[str, Any], model: ModelLocation, tokenizer_at: ModelLocation, threads: int = 1
+    ) -> dict:
+        """Builds the engine `spec.rollout.engine` names with `model` (weight version 0), resolved on this node."""
         from transformers import AutoTokenizer
 
         from kuberl.runtime.engines import build_rollout_engine
@@ -101,8 +104,8 @@ class RolloutWorker:
         spec = parse_rljob(job_manifest).spec
         self.lora_sync = sync_mode(spec)
         device = worker_device()
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        self.engine = build_rollout_engine(spec, model_path, tokenizer, device)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_at.resolve())
+        self.engine = build_rollout_engine(spec, str(model.resolve()), tokenizer, device)
         self.weight_version = 0
         return {"rank": self.rank, "device": str(device), "seconds": time.perf_counter() - started}
 

@@ -12,7 +12,7 @@ from kuberl.api.topology import environment_group, rollout_group
 from kuberl.runtime.data import Prompt
 from kuberl.runtime.environments.pool import EnvironmentPool
 from kuberl.runtime.environments.rollout import EpisodeRollout
-from kuberl.runtime.models.resolve import default_cache_dir, resolve_model_path
+from kuberl.runtime.models.resolve import ModelLocation, default_cache_dir, resolve_model_path
 from kuberl.runtime.rollout import Engines
 from kuberl.runtime.workers.group import WorkerGroup
 from kuberl.runtime.workers.rollout_worker import RolloutWorker
@@ -33,7 +33,8 @@ def model_path() -> str:
 def engines(ray_session, model_path):
     job = demo_job(**{"rollout.engine": "hf"})
     group = WorkerGroup(RolloutWorker, rollout_group(RoleResources(replicas=1, cpus=0.5)))
-    group.call("setup", job.to_manifest(), model_path, model_path, 1)
+    model = ModelLocation(model_path, "spec.models.actor.path")
+    group.call("setup", job.to_manifest(), model, model, 1)
     yield Engines(actor=None, rollout=group)
     group.kill()
 

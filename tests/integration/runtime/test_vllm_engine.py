@@ -20,6 +20,7 @@ import torch
 
 from kuberl.api import parse_rljob
 from kuberl.runtime.engines.base import SamplingParams
+from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.models.tiny import build_tiny_model
 from kuberl.runtime.workers.rollout_worker import (
     RolloutWorker,
@@ -259,7 +260,8 @@ def test_weight_buckets_hold_at_most_the_bucket_size_and_keep_the_order() -> Non
 @pytest.fixture(scope="module")
 def worker(tied_dir: Path) -> RolloutWorker:
     worker = RolloutWorker(rank=0, world_size=1)
-    worker.setup(manifest(tied_dir, temperature=1.0), str(tied_dir), str(tied_dir))
+    model = ModelLocation(str(tied_dir), "spec.models.actor.path")
+    worker.setup(manifest(tied_dir, temperature=1.0), model, model)
     return worker
 
 

@@ -3,6 +3,7 @@
 import hashlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from kuberl.runtime.models import resolve as resolve_module
 from kuberl.runtime.models.pretrain import PretrainingSpec, corpus_batches, learning_rate, pretrain, token_batch
-from kuberl.runtime.models.resolve import ModelNotFoundError, resolve_model_path, tiny_model_dir
+from kuberl.runtime.models.resolve import ModelNotFoundError, check_model_location, resolve_model_path, tiny_model_dir
 from kuberl.runtime.models.tiny import TINY_MODELS, build_tiny_model, llama_config
 from kuberl.runtime.rewards.builtin import tiny_task
 
@@ -216,7 +217,7 @@ def test_tiny_uri_is_built_once_into_the_cache(tmp_path: Path) -> None:
     written = (folder / "model.safetensors").stat().st_mtime_ns
     assert resolve_model_path("tiny://demo", tmp_path, FIELD) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == written
-    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no staging folder left behind
+    assert folders_in(folder.parent) == [folder.name]  # no staging folder left behind
 
 
 def test_a_concurrent_builder_that_finished_first_wins(tmp_path: Path, demo_dir: Path) -> None:
@@ -229,7 +230,62 @@ def test_a_concurrent_builder_that_finished_first_wins(tmp_path: Path, demo_dir:
 
     assert resolve_module._materialise(target, fill_while_another_worker_finishes) == target
     assert (target / "winner").exists()
-    assert sorted(p.name for p in target.parent.iterdir()) == ["demo-x"]
+    assert folders_in(target.parent) == ["demo-x"]
+
+
+#: One worker process: counts its builds of tiny://demo in a file (a build that takes a second, so that two
+#: at once overlap), waits for the go file, resolves tiny://demo into the cache and prints the folder.
+RESOLVING_WORKER = """
+import sys, time
+from pathlib import Path
+from kuberl.runtime.models import resolve
+
+cache, builds, ready, go = (Path(arg) for arg in sys.argv[1:5])
+build = resolve.build_tiny_model
+
+def counted_build(name, directory):
+    with builds.open("a") as log:
+        log.write(name + "\\n")
+    time.sleep(1.0)
+    return build(name, directory)
+
+resolve.build_tiny_model = counted_build
+ready.touch()
+while not go.exists():
+    time.sleep(0.01)
+print(resolve.resolve_model_path("tiny://demo", cache, "spec.models.actor.path"))
+"""
+
+
+def test_two_workers_resolving_one_model_at_once_build_it_once(tmp_path: Path, demo_dir: Path) -> None:
+    cache, builds, go = tmp_path / "cache", tmp_path / "builds", tmp_path / "go"
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RESOLVING_WORKER, str(cache), str(builds), str(tmp_path / f"ready-{n}"), str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(2)
+    ]
+    while not all((tmp_path / f"ready-{n}").exists() for n in range(2)):  # both imported: start them together
+        assert all(worker.poll() is None for worker in workers), [worker.communicate() for worker in workers]
+        time.sleep(0.05)
+    go.touch()
+    outputs = [worker.communicate(timeout=120) for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], outputs
+    folders = {Path(stdout.strip()) for stdout, _ in outputs}
+    assert folders == {tiny_model_dir("demo", cache)}
+    assert builds.read_text().split() == ["demo"]  # one built it, the other waited and used its copy
+    (folder,) = folders
+    assert sha256(folder / "model.safetensors") == sha256(demo_dir / "model.safetensors")
+    assert AutoTokenizer.from_pretrained(folder)("count: 3 4 5")["input_ids"]
+    assert folders_in(folder.parent) == [folder.name]
+
+
+def folders_in(directory: Path) -> list[str]:
+    """The folders in `directory` (its lock files aside)."""
+    return sorted(path.name for path in directory.iterdir() if path.is_dir())
 
 
 def test_unknown_tiny_model_lists_the_known_ones(tmp_path: Path) -> None:
@@ -306,3 +362,44 @@ def test_each_tiny_model_has_its_own_cache_folder(tmp_path: Path) -> None:
     folders = [tiny_model_dir(name, tmp_path) for name in TINY_MODELS]
     assert len(set(folders)) == len(TINY_MODELS)
     assert all(folder.name.startswith(f"{name}-") for name, folder in zip(TINY_MODELS, folders, strict=True))
+
+
+# ----------------------------------------------------------------------------- check_model_location
+def test_checking_a_tiny_model_builds_nothing(tmp_path: Path) -> None:
+    check_model_location("tiny://counter", tmp_path, FIELD)
+    assert not tmp_path.joinpath("tiny").exists()
+    with pytest.raises(ModelNotFoundError, match=r"spec\.models\.actor\.path: unknown tiny model tiny://huge"):
+        check_model_location("tiny://huge", tmp_path, FIELD)
+
+
+def test_checking_an_object_store_model_reads_only_whether_it_has_a_config(
+    tmp_path: Path, demo_dir: Path, monkeypatch
+) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")  # stands in for s3://, as above
+    memory.pipe("/checked/demo/config.json", (demo_dir / "config.json").read_bytes())
+    memory.pipe("/checked/weights-only/model.safetensors", b"")
+    real_url_to_fs = fsspec.core.url_to_fs
+    monkeypatch.setattr(
+        fsspec.core, "url_to_fs", lambda uri, **options: real_url_to_fs(uri.replace("s3://", "memory://"), **options)
+    )
+    check_model_location("s3://checked/demo", tmp_path, "spec.reward.model.path")
+    assert list(tmp_path.iterdir()) == []  # nothing copied
+    with pytest.raises(ModelNotFoundError, match=r"spec\.reward\.model\.path: s3://checked/weights-only holds no"):
+        check_model_location("s3://checked/weights-only", tmp_path, "spec.reward.model.path")
+    memory.rm("/checked", recursive=True)
+
+
+def test_checking_a_hub_model_the_hub_does_not_serve_says_to_mount_it(tmp_path: Path, monkeypatch) -> None:
+    import huggingface_hub
+
+    asked: list[dict[str, object]] = []
+
+    def offline(**request: object) -> str:
+        asked.append(request)
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(ModelNotFoundError, match=r"spec\.models\.critic\.path: cannot read hf://org/model/config.json"):
+        check_model_location("hf://org/model", tmp_path, "spec.models.critic.path")
+    assert [request["filename"] for request in asked] == ["config.json"]  # the config, never the weights
