@@ -213,6 +213,35 @@ def correction_is_not_counted_twice(spec: "RLJobSpec") -> Iterator[RuleProblem]:
         )
 
 
+def asynchronous_rollout_is_separate_and_corrected(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    """maxStaleness >= 1 overlaps generation with training: only a pool of its own can generate while the actor
+    trains, the stale samples need an off-policy correction, and no probe can match a trainer that moved on."""
+    rollout = spec.rollout
+    if rollout.max_staleness == 0:
+        return
+    if rollout.placement != RolloutPlacement.SEPARATE:
+        yield (
+            ("rollout", "maxStaleness"),
+            f"maxStaleness {rollout.max_staleness} generates while the actor trains, which a colocated engine "
+            "(it lives in the actor's workers) cannot; set rollout.placement: separate with resources.rollout, "
+            "or maxStaleness: 0",
+        )
+    if spec.algorithm.rollout_correction is None and not rollout.use_engine_logprobs:
+        yield (
+            ("rollout", "maxStaleness"),
+            f"with maxStaleness {rollout.max_staleness} samples come from a policy up to {rollout.max_staleness} "
+            "updates older than the one they train, and nothing would correct for it; set "
+            "algorithm.rolloutCorrection (recommended: {importanceSampling: token}, decoupled PPO as in AReaL) "
+            "or rollout.useEngineLogprobs: true",
+        )
+    if rollout.verify_sync:
+        yield (
+            ("rollout", "verifySync"),
+            "with maxStaleness >= 1 the trainer is updates ahead of the engine by design, so the probe after a "
+            "sync cannot match; set verifySync: false (or maxStaleness: 0)",
+        )
+
+
 def overlong_buffer_fits_the_budget(spec: "RLJobSpec") -> Iterator[RuleProblem]:
     penalty = spec.reward.overlong_penalty
     if penalty is None or not penalty.enabled or penalty.buffer_length is None:
@@ -430,6 +459,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     tensor_parallel_fits_its_pool,
     mini_batch_divides_batch,
     correction_is_not_counted_twice,
+    asynchronous_rollout_is_separate_and_corrected,
     overlong_buffer_fits_the_budget,
     validation_needs_prompts,
     queued_jobs_have_fixed_pools,

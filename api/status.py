@@ -42,6 +42,12 @@ class Metrics(KuberlModel):
     response_length: float | None = Field(None, description="Mean response length in tokens, latest step.")
     tokens_per_second: float | None = Field(None, description="Generated tokens per second, latest step.")
     reward_workers: int | None = Field(None, ge=0, description="Reward workers running now (elastic pool).")
+    staleness_max: int | None = Field(
+        None,
+        ge=0,
+        description="Asynchronous rollout (spec.rollout.maxStaleness): the most weight versions a sample of the "
+        "latest step lagged the policy it trained; never above maxStaleness.",
+    )
 
 
 class Validation(KuberlModel):

@@ -32,6 +32,7 @@ class RolloutBatch:
     observation_mask: Tensor | None = None  # (N, R) float: 1 on environment tokens inside an episode (multi-turn)
     turn_index: Tensor | None = None  # (N, R) long: a token's turn (1, 2, ...; an observation shares its
     #                                   message's); 0 on padding (multi-turn)
+    weight_version: Tensor | None = None  # (N,) long: the weight version (training step) that generated each row
     # reward
     scores: Tensor | None = None  # (N,) sequence reward
     scored: Tensor | None = None  # (N,) bool: the reward succeeded; a failed sample trains nothing

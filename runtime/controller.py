@@ -66,6 +66,32 @@ class StepResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class Generated:
+    """A step's rollout, scored: what `Controller.train` takes (the asynchronous driver makes it ahead)."""
+
+    step: int
+    epoch: int
+    generated: RolloutBatch  # every response of the step, over all dynamic-sampling rounds
+    batch: RolloutBatch | None  # the rows that train; None when dynamic sampling found nothing worth it
+    metrics: dict[str, float]  # of the rollout and the rewards
+    timings: dict[str, float]  # time/<stage> of the stages that made it
+
+
+class StageTimes:
+    """Seconds per stage of one step, as `time/<stage>`; a stage may run once per dynamic-sampling round."""
+
+    def __init__(self, seconds: dict[str, float] | None = None) -> None:
+        self.seconds = seconds if seconds is not None else {}
+
+    def __call__(self, stage: str, fn: Callable[..., Any], *args: Any) -> Any:
+        started = time.perf_counter()
+        out = fn(*args)
+        key = f"time/{stage}"
+        self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - started
+        return out
+
+
 class Controller:
     def __init__(self, plan: RunPlan, groups: Groups) -> None:
         self.plan = plan
@@ -129,15 +155,12 @@ class Controller:
             on_step(result)
 
     def step(self, step: int) -> StepResult:
-        epoch, prompts = self.plan.loader.batch(step)
-        timings: dict[str, float] = {}
+        return self.train(self.generate(step))
 
-        def timed(stage: str, fn: Callable[..., Any], *args: Any) -> Any:
-            started = time.perf_counter()
-            out = fn(*args)
-            key = f"time/{stage}"
-            timings[key] = timings.get(key, 0.0) + time.perf_counter() - started  # stages may run once per round
-            return out
+    def generate(self, step: int) -> Generated:
+        """The step's rollout, scored: every dynamic-sampling round, and the batch to train (if any)."""
+        epoch, prompts = self.plan.loader.batch(step)
+        timed = StageTimes()
 
         def generate_and_score(round_prompts: list[Prompt], round_index: int) -> tuple[RolloutBatch, torch.Tensor]:
             batch = timed("rollout", self.rollout, round_prompts, step, round_index)
@@ -153,6 +176,12 @@ class Controller:
             generated, batch, sampling_metrics = self.sampler.collect(prompts, step, generate_and_score)
         metrics = {**reward_metrics(generated, self.spec.max_response_tokens, self.overlong), **sampling_metrics}
         metrics.update(self.rollout_stage.take_metrics())
+        return Generated(step, epoch, generated, batch, metrics, timed.seconds)
+
+    def train(self, generated: Generated) -> StepResult:
+        """Reference and old log-probs, correction, critic, advantages, the update and the weight sync."""
+        step, batch, metrics = generated.step, generated.batch, dict(generated.metrics)
+        timed = StageTimes(dict(generated.timings))
         if batch is not None:  # dynamic sampling may find nothing worth training on
             timed("reference", self.reference_logprobs, batch)
             timed("old_logprobs", self.old_logprobs, batch)
@@ -162,17 +191,21 @@ class Controller:
             metrics.update(timed("update", self.update, batch))
             metrics.update(timed("sync", self.sync, batch, step + 1))
             metrics.update(trained_batch_metrics(batch, engine_is_behaviour=self.spec.rollout.use_engine_logprobs))
-        metrics.update(timings)
+        metrics.update(timed.seconds)
         metrics.update(self.data_metrics)
         metrics.update(self.groups.reward.metrics())
-        metrics["time/step"] = sum(timings.values())
+        metrics["time/step"] = sum(timed.seconds.values())
         trained_tokens = float(batch.response_mask.sum()) if batch is not None else None
-        metrics.update(stage_throughput(timings, float(generated.response_mask.sum()), trained_tokens))
-        return StepResult(step, epoch, metrics)
+        metrics.update(stage_throughput(timed.seconds, float(generated.generated.response_mask.sum()), trained_tokens))
+        return StepResult(step, generated.epoch, metrics)
 
     # -- stages -------------------------------------------------------------------------------------
     def rollout(self, prompts: list[Prompt], step: int, round_index: int = 0) -> RolloutBatch:
-        return self.rollout_stage.run(prompts, step, stream=round_index)
+        """The responses to `prompts`, each row stamped with the weight version that generated it."""
+        version = self.engines.version  # a separate replica refuses to generate with any other
+        batch = self.rollout_stage.run(prompts, step, stream=round_index)
+        batch.weight_version = torch.full((len(batch),), version, dtype=torch.long)  # (N,)
+        return batch
 
     def _score_texts(self, prompt_texts: list[str], texts: list[str], samples: list[dict[str, Any]]) -> list[Any]:
         return self.groups.reward.score(prompt_texts, texts, samples)
@@ -337,15 +370,25 @@ class Controller:
         """The actor's new weights into the engines: in place (colocated) or by broadcast (separate)."""
         if self.groups.rollout is None:
             results = self.groups.actor.call("sync_weights")
+            self.engines.version = version
         else:
-            buckets = self.groups.actor.call("publish_weights", self.spec.rollout.sync_bucket_mb)[0]
-            results = self.groups.rollout.call("load_weights_from", buckets, version)
-            del buckets  # the object store frees the buckets once every replica has loaded them
-        self.weight_version = self.engines.version = version
+            results = self.load_pool(self.publish_weights(), version)  # the buckets are freed once it returns
+        self.weight_version = version
         metrics = {"sync/seconds": max(r["sync/seconds"] for r in results), "sync/bytes": results[0]["sync/bytes"]}
         if self.spec.rollout.verify_sync and batch is not None:
             metrics["sync/max_logprob_diff"] = self.verify_sync(batch)
         return metrics
+
+    def publish_weights(self) -> list[Any]:
+        """The actor's weights in the object store, as buckets (ObjectRefs) the rollout pool loads from."""
+        return list(self.groups.actor.call("publish_weights", self.spec.rollout.sync_bucket_mb)[0])
+
+    def load_pool(self, buckets: list[Any], version: int) -> list[dict[str, float]]:
+        """Every rollout replica loads `buckets` in place and takes on `version`; the per-replica sync metrics."""
+        assert self.groups.rollout is not None
+        results = list(self.groups.rollout.call("load_weights_from", buckets, version))
+        self.engines.version = version
+        return results
 
     def verify_sync(self, batch: RolloutBatch) -> float:
         """Score a fixed probe with trainer and engine; fail beyond rollout.verifySyncTolerance."""

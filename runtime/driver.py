@@ -7,8 +7,9 @@
    the rule of checkpoint/policy.py `start_from`: a restart, `--resume`, always resumes).
 3. Ray and the worker groups start where the topology places them (workers/launch.py), and the trainers
    load the checkpoint the run starts from.
-4. The controller steps (controller.py); after each step `StepRecorder` writes the metrics (and hands
-   them to Prometheus, telemetry.py, when a metrics port is set), saves when
+4. The controller steps (controller.py; async_rollout.py's when spec.rollout.maxStaleness >= 1); after
+   each step `StepRecorder` writes the metrics (and hands them to Prometheus, telemetry.py, when a
+   metrics port is set), saves when
    due (never after a NaN update), publishes the RLJob's status, stops the run after saving when SIGTERM
    arrived, and fails it (JobFailed, exit 70) when runtime/health.py says training cannot go on.
 5. The final checkpoint (the last step always saves) is exported as a Hugging Face model.
@@ -25,6 +26,7 @@ import ray
 
 from kuberl.api import RLJob
 from kuberl.api.contract import CHECKPOINT_MOUNT_DIR
+from kuberl.runtime.async_rollout import AsyncController
 from kuberl.runtime.checkpoint import CheckpointRef, CheckpointStore, PreemptionWatcher, should_save
 from kuberl.runtime.checkpoint.policy import Start, start_from
 from kuberl.runtime.checkpoint.preemption import stop_window_seconds
@@ -73,6 +75,13 @@ class Preempted(Exception):
         super().__init__(f"preempted after step {step}")
         self.step = step
         self.checkpoint = checkpoint
+
+
+def controller_for(plan: RunPlan, groups: Groups) -> Controller:
+    """The synchronous loop, or with spec.rollout.maxStaleness >= 1 the one whose rollout runs ahead."""
+    if plan.job.spec.rollout.max_staleness > 0:
+        return AsyncController(plan, groups)
+    return Controller(plan, groups)
 
 
 def job_folder_on_claim(job: RLJob) -> Path:
@@ -307,7 +316,7 @@ def _run(
             )
             recorder.export_checkpoint()  # the one resumed from
             try:
-                Controller(plan, groups).run(start_step, recorder)
+                controller_for(plan, groups).run(start_step, recorder)
             except JobFailed as failure:  # status.lastCheckpoint names the same one
                 raise failure.with_checkpoint(checkpointing.latest) from None
             finally:

@@ -36,6 +36,18 @@ KL_MEAN = "kl/mean"
 RESPONSE_LENGTH_MEAN = "response/length_mean"
 REWARD_POOL_SIZE = "reward/pool_size"
 ROLLOUT_TOKENS_PER_SECOND = "throughput/rollout_tokens_per_second"
+#: The asynchronous rollout (spec.rollout.maxStaleness >= 1, runtime/async_rollout.py): per step, how many weight
+#: versions the samples lag the policy they train (mean, max), the shares of the step's wall-clock time the pool
+#: spent idle and the trainer spent waiting for a batch, the versions each side holds, batches generated again
+#: for breaking the bound (over the run), and generated tokens per wall-clock second.
+STALENESS_MEAN = "async/staleness_mean"
+STALENESS_MAX = "async/staleness_max"
+ROLLOUT_IDLE_FRACTION = "async/rollout_idle_fraction"
+TRAINER_IDLE_FRACTION = "async/trainer_idle_fraction"
+TRAINER_VERSION = "async/trainer_version"
+ROLLOUT_VERSION = "async/rollout_version"
+REGENERATED = "async/regenerated"
+GENERATED_TOKENS_PER_SECOND = "async/generated_tokens_per_second"
 #: Stages of the controller's loop, in order; `time/<stage>` is each one's seconds in a step.
 STAGES = ("rollout", "reward", "reference", "old_logprobs", "correction", "critic", "advantages", "update", "sync")
 #: Stages that run a model over the step's response tokens: their tokens per second are recorded.
@@ -113,6 +125,23 @@ EXPORTS: tuple[Export, ...] = (
     *_stage_exports(),
     Export("sync/seconds", "kuberl_weight_sync_seconds", "Seconds the latest weight sync into the engines took."),
     Export("sync/bytes", "kuberl_weight_sync_bytes", "Bytes the latest weight sync moved."),
+    Export(
+        STALENESS_MAX,
+        "kuberl_async_staleness_max",
+        "Most weight versions a sample of the latest step lagged the policy it trained (rollout.maxStaleness).",
+        status="staleness_max",
+    ),
+    Export(STALENESS_MEAN, "kuberl_async_staleness_mean", "Mean weight versions the latest step's samples lagged."),
+    Export(
+        ROLLOUT_IDLE_FRACTION,
+        "kuberl_async_rollout_idle_ratio",
+        "Share of the latest step's wall-clock time the rollout pool generated nothing.",
+    ),
+    Export(
+        TRAINER_IDLE_FRACTION,
+        "kuberl_async_trainer_idle_ratio",
+        "Share of the latest step's wall-clock time the trainer waited for a batch.",
+    ),
     Export(REWARD_POOL_SIZE, "kuberl_reward_pool_workers", "Reward workers running now.", status="reward_workers"),
     Export(
         "reward/queue_wait_seconds",
@@ -176,8 +205,9 @@ def status_fields(record: Mapping[str, float]) -> dict[str, Any]:
         for export in EXPORTS
         if export.status and export.record_key in record and math.isfinite(record[export.record_key])
     }
-    if "reward_workers" in fields:
-        fields["reward_workers"] = int(fields["reward_workers"])
+    for integral in ("reward_workers", "staleness_max"):
+        if integral in fields:
+            fields[integral] = int(fields[integral])
     return fields
 
 

@@ -42,6 +42,31 @@ BROKEN = [
     ),
     ("separate without a pool", {"rollout.placement": "separate"}, "spec.resources.rollout", "pool of its own"),
     (
+        "asynchronous rollout in the actor's workers",
+        {"rollout.maxStaleness": 1, "algorithm.rolloutCorrection": {"importanceSampling": "token"}},
+        "spec.rollout.maxStaleness",
+        "placement: separate",
+    ),
+    (
+        "asynchronous rollout without a correction",
+        {"rollout.maxStaleness": 2, "rollout.placement": "separate", "resources.rollout": {"replicas": 1}},
+        "spec.rollout.maxStaleness",
+        "algorithm.rolloutCorrection",
+    ),
+    (
+        "asynchronous rollout with a sync probe",
+        {
+            "rollout.maxStaleness": 1,
+            "rollout.placement": "separate",
+            "resources.rollout": {"replicas": 1},
+            "rollout.useEngineLogprobs": True,
+            "rollout.verifySync": True,
+        },
+        "spec.rollout.verifySync",
+        "verifySync: false",
+    ),
+    ("staleness beyond its range", {"rollout.maxStaleness": 65}, "spec.rollout.maxStaleness", "less than or equal"),
+    (
         "replicas above max",
         {"resources.reward": {"replicas": 5, "maxReplicas": 4}},
         "spec.resources.reward.replicas",
@@ -307,6 +332,24 @@ VALID = [
             "rollout.placement": "separate",
             "rollout.tensorParallelSize": 2,
             "resources.rollout": {"gpus": 2},
+        },
+    ),
+    (
+        "asynchronous rollout, separate and corrected",
+        {
+            "rollout.maxStaleness": 1,
+            "rollout.placement": "separate",
+            "resources.rollout": {"replicas": 1},
+            "algorithm.rolloutCorrection": {"importanceSampling": "token"},
+        },
+    ),
+    (
+        "asynchronous rollout in bypass mode",
+        {
+            "rollout.maxStaleness": 2,
+            "rollout.placement": "separate",
+            "resources.rollout": {"replicas": 1},
+            "rollout.useEngineLogprobs": True,
         },
     ),
     ("elastic reward", {"resources.reward": {"replicas": 2, "minReplicas": 1, "maxReplicas": 8}}),
