@@ -60,15 +60,45 @@ def current_deadline() -> StepDeadline | None:
     return _current.get()
 
 
+class WorkerLost(JobFailed):
+    """An actor died in the middle of a call: its process, or the pod it ran on, is gone."""
+
+
 def bounded_get(refs: Any, waiting_for: str) -> Any:
-    """ray.get(refs), bounded by the current step's deadline (if any)."""
+    """ray.get(refs), bounded by the current step's deadline (if any); a dead actor is a WorkerLost.
+
+    Ray returns from a get as soon as one ref fails, even while the other ranks wait for the dead one
+    inside a collective. A dead actor (its process, or the pod it ran on, is gone) becomes a JobFailed that
+    names the worker: the job exits naming its latest checkpoint, and the restart resumes from that commit
+    (a save the lost rank was writing never got its commit marker, so it is never adopted).
+    """
     import ray
-    from ray.exceptions import GetTimeoutError
+    from ray.exceptions import GetTimeoutError, RayActorError
 
     deadline = _current.get()
-    if deadline is None:
-        return ray.get(refs)
     try:
-        return ray.get(refs, timeout=deadline.time_left())
+        return ray.get(refs, timeout=None if deadline is None else deadline.time_left())
     except GetTimeoutError:
+        assert deadline is not None
         raise deadline.exceeded(waiting_for) from None
+    except RayActorError as error:
+        raise WorkerLost(
+            f"{waiting_for}: {_dead_worker(refs)}'s actor died ({type(error).__name__}); its process or pod is "
+            "gone, so the job stops here and a restart resumes from the latest checkpoint"
+        ) from error
+
+
+def _dead_worker(refs: Any) -> str:
+    """'worker <i>': the first of `refs` (in rank order) whose actor is dead, for the message."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    for position, ref in enumerate(refs if isinstance(refs, list) else [refs]):
+        if ray.wait([ref], timeout=0)[0]:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                return f"worker {position}"
+            except Exception:  # noqa: BLE001 - another rank's own failure is not the one named here
+                continue
+    return "a worker"
