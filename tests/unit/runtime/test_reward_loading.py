@@ -8,6 +8,7 @@ import torch
 
 from kuberl.api import RewardSpec
 from kuberl.runtime.data import Prompt, PromptDataset
+from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.rewards import functions
 from kuberl.runtime.rewards.checks import check_reward_inputs, resolved_reward_file
 from kuberl.runtime.rewards.functions import RewardConfigError, load_reward_function, score_batch
@@ -126,7 +127,9 @@ def test_worker_device_is_the_gpu_ray_gave_the_actor(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("device", [torch.device("cuda", 0), torch.device("cpu")])
-def test_the_reward_model_loads_on_the_device_of_its_worker(monkeypatch: pytest.MonkeyPatch, device) -> None:
+def test_the_reward_model_loads_on_the_device_of_its_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, device
+) -> None:
     # before: RewardModelScorer was always built on the CPU, even in a pool with resources.reward.gpus
     built = {}
 
@@ -137,8 +140,10 @@ def test_the_reward_model_loads_on_the_device_of_its_worker(monkeypatch: pytest.
     monkeypatch.setattr("kuberl.runtime.rewards.model.RewardModelScorer", RecordingScorer)
     monkeypatch.setattr(reward_worker, "worker_device", lambda: device)
     worker = reward_worker.RewardWorker()
-    worker.setup(RewardSpec.model_validate({"model": {"path": "/models/rm", "dtype": "bfloat16"}}).to_manifest(), "/m")
-    assert built == {"path": Path("/m"), "dtype": "bfloat16", "device": str(device)}
+    (tmp_path / "config.json").write_text("{}")  # a model folder as far as resolving goes; nothing loads it
+    spec = RewardSpec.model_validate({"model": {"path": str(tmp_path), "dtype": "bfloat16"}})
+    worker.setup(spec.to_manifest(), ModelLocation(str(tmp_path), "spec.reward.model.path"))  # resolved in place
+    assert built == {"path": tmp_path, "dtype": "bfloat16", "device": str(device)}
 
 
 def test_the_loader_module_keeps_its_default_function_name() -> None:
