@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from kuberl.api import RLJob, Role
+from kuberl.api import RLJob, Role, RolloutEngine
 from kuberl.api.topology import ActorGroup, Topology, plan_topology
 from kuberl.runtime.data import PromptDataset, PromptLoader
 from kuberl.runtime.models.resolve import resolve_model_path
@@ -97,6 +97,12 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
 
     for problem in lora_problems(spec, actor_path):
         raise RunConfigError(problem)
+    if spec.rollout.engine == RolloutEngine.VLLM:
+        from kuberl.runtime.engines.vllm import tensor_parallel_refusal
+
+        refusal = tensor_parallel_refusal(actor_path, spec.rollout.tensor_parallel_size)
+        if refusal is not None:
+            raise RunConfigError(refusal)
     tokenizer_path = actor_path
     if spec.models.actor.tokenizer:
         tokenizer_path = _resolve(spec.models.actor.tokenizer, base_dir, cache_dir, "spec.models.actor.tokenizer")

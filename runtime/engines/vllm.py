@@ -218,15 +218,17 @@ def tensor_parallel_problem(config: dict[str, Any], size: int) -> str | None:
     return None
 
 
-def check_tensor_parallel(model_path: str, size: int) -> None:
-    """Refuse, naming the field, a tensor-parallel size the model's heads cannot be split by."""
+def tensor_parallel_refusal(model_path: str, size: int) -> str | None:
+    """Why spec.rollout.tensorParallelSize `size` cannot split the model at `model_path` (its config.json),
+    naming the field; None when it can. The run's plan asks before any actor starts, the engine again."""
     config = Path(model_path) / "config.json"
     problem = tensor_parallel_problem(json.loads(config.read_text()), size) if config.is_file() else None
-    if problem is not None:
-        raise ValueError(
-            f"spec.rollout.tensorParallelSize {size}: {problem} ({model_path}); "
-            "pick a size that divides the model's attention heads"
-        )
+    if problem is None:
+        return None
+    return (
+        f"spec.rollout.tensorParallelSize {size}: {problem} ({model_path}); "
+        "pick a size that divides the model's attention heads"
+    )
 
 
 def tensor_parallel_arguments(size: int) -> dict[str, Any]:
@@ -441,7 +443,9 @@ class VLLMRolloutEngine:
     def create(cls, spec: RLJobSpec, model_path: str, device: torch.device) -> "VLLMRolloutEngine":
         """An engine for `spec` holding the model at `model_path`, on `device` (cpu or cuda)."""
         shards = spec.rollout.tensor_parallel_size
-        check_tensor_parallel(model_path, shards)
+        refusal = tensor_parallel_refusal(model_path, shards)
+        if refusal is not None:
+            raise ValueError(refusal)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights stream as Python objects
         from vllm import LLM
 

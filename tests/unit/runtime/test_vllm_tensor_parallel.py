@@ -6,9 +6,9 @@ import pytest
 
 from kuberl.api import parse_rljob
 from kuberl.runtime.engines.vllm import (
-    check_tensor_parallel,
     llm_arguments,
     tensor_parallel_problem,
+    tensor_parallel_refusal,
     worker_environment,
 )
 from tests.unit.api.test_rules import spec_with
@@ -55,8 +55,8 @@ def test_a_split_must_divide_the_models_heads(heads, kv_heads, shards, problem):
     assert found is None if problem is None else problem in found
 
 
-def test_a_split_the_model_cannot_take_is_refused_at_engine_start_naming_the_field(tmp_path):
+def test_a_split_the_model_cannot_take_is_refused_naming_the_field(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))
-    with pytest.raises(ValueError, match=r"spec.rollout.tensorParallelSize 3: the model has 4 attention heads"):
-        check_tensor_parallel(str(tmp_path), 3)
-    check_tensor_parallel(str(tmp_path), 2)
+    refusal = tensor_parallel_refusal(str(tmp_path), 3)
+    assert refusal is not None and refusal.startswith("spec.rollout.tensorParallelSize 3: the model has 4 attention")
+    assert tensor_parallel_refusal(str(tmp_path), 2) is None
