@@ -45,16 +45,20 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   shard (`tensor_parallel_arguments`), each on a GPU of the replica's pod, or on CPU a process with
   its share of the replica's cores (`worker_environment`: OMP threads split, and vLLM's core binding
   off, which would pin every worker to cores Ray's other actors use). A weight load is then a
-  `collective_rpc` to those processes: its argument is pickled to each worker, so the weights travel
-  as one list, not a lazy generator. The replica holds the whole model once in host memory while the
-  list is built and each worker unpickles a copy of it, which it shards into its own slice; on GPU
-  that is (1 + tensorParallelSize) x the model in host memory for the duration of a sync (fine for
-  the tiny models here; a 70B rollout pod needs the RAM). verl avoids the copies by driving each TP
-  shard from a trainer rank of its own (vLLM's external launcher), which kuberl's colocated engine
-  does not do: a colocated engine spans one device. The TP workers are fresh processes, so the
-  patch that must reach vLLM's sampler is installed in them after start-up too
-  (`_rank_eagerly_in_worker`); the kernel-rebind patch guards against modules this process may hold
-  (flask), which the fresh workers do not import.
+  `collective_rpc` to those processes, whose arguments are pickled to each worker: a lazy generator
+  cannot travel, a list can. So a sync goes one decoder layer at a time (`layer_loads`): a list of
+  one layer's tensors per call, which each worker unpickles and shards into its own slice, and vLLM's
+  layerwise reload rebuilds that layer and puts every other layer back as it was (as for LoRA's
+  partial loads). Host memory holds one layer in this process and one copy per worker at a time,
+  (1 + tensorParallelSize) x the largest layer, not x the model. The price is a call per layer, and
+  vLLM's "Failed to load weights" for every layer a call leaves alone, which the workers drop
+  (`_quiet_reload_warnings_in_worker`): a layer never loaded goes unreported there, and
+  rollout.verifySync is what catches stale weights. verl avoids the pickling by driving each TP shard
+  from a trainer rank of its own (vLLM's external launcher), which kuberl's colocated engine does not
+  do: a colocated engine spans one device. The TP workers are fresh processes, so the patch that must
+  reach vLLM's sampler is installed in them after start-up too (`_rank_eagerly_in_worker`); the
+  kernel-rebind patch guards against modules this process may hold (flask), which the fresh workers
+  do not import.
 - dtype: the engine runs in spec.rollout.dtype (default: the actor's; verl's default is bfloat16), the
   synced weights cast to it on load; spec.rollout.engineArgs reach `LLM` as given (`llm_arguments`).
 - On CPU, vLLM's sampler ranks each returned log-prob with a `torch.compile`d helper
@@ -87,6 +91,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Iterator
@@ -231,6 +236,38 @@ def tensor_parallel_refusal(model_path: str, size: int) -> str | None:
     )
 
 
+#: A checkpoint name's decoder layer (`model.layers.3.mlp.up_proj.weight` -> `model.layers.3`).
+DECODER_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+
+
+def layer_loads(weights: Iterable[tuple[str, Tensor]]) -> Iterator[list[tuple[str, Tensor]]]:
+    """Consecutive named tensors grouped by decoder layer (any other tensor by its module), in order.
+
+    Each group holds all a vLLM layer reads (its fused qkv / gate_up projections are one decoder layer's
+    tensors), so a reload of one group rebuilds whole layers. A layer whose tensors come apart would be
+    rebuilt half loaded, so a name of a group already sent raises.
+
+    >>> names = ["model.embed_tokens.weight", "model.layers.0.a.weight", "model.layers.0.b.weight", "lm_head.weight"]
+    >>> [[name for name, _ in group] for group in layer_loads((name, None) for name in names)]
+    [['model.embed_tokens.weight'], ['model.layers.0.a.weight', 'model.layers.0.b.weight'], ['lm_head.weight']]
+    """
+    group: list[tuple[str, Tensor]] = []
+    key, sent = None, set()
+    for name, tensor in weights:
+        match = DECODER_LAYER.match(name)
+        owner = match.group(1) if match else name.rpartition(".")[0]
+        if owner != key:
+            if group:
+                yield group
+            if owner in sent:
+                raise ValueError(f"weights of {owner} come in two runs ({name} after other layers'); send each whole")
+            sent.add(owner)
+            group, key = [], owner
+        group.append((name, tensor))
+    if group:
+        yield group
+
+
 def tensor_parallel_arguments(size: int) -> dict[str, Any]:
     """vLLM's `LLM` arguments for an engine split `size` ways: the `mp` executor, a worker process per shard."""
     if size == 1:
@@ -341,15 +378,13 @@ def _refresh_shared_gemms(worker: Any) -> int:
     return refreshed
 
 
-def _filter_reload_warnings_in_worker(worker: Any, tied_head: bool, lora_sync: str | None) -> None:
-    """In a tensor-parallel worker process, for its lifetime: what `load_weights` does around each reload here.
+def _quiet_reload_warnings_in_worker(worker: Any) -> None:
+    """In a tensor-parallel worker process, for its lifetime: only errors from vLLM's reload.
 
-    Drops the expected "Failed to load weights" records (`ExpectedReloadWarnings`) and, for LoRA's merged
-    sync, every warning of the layers a partial load leaves as they are (`_quiet_reload_loggers`).
+    A sync reloads one layer per call (`layer_loads`), and each call warns about every other layer
+    ("Failed to load weights", "weights were not loaded"): warnings that say nothing there.
     """
-    logging.getLogger(RELOAD_LOGGER).addFilter(ExpectedReloadWarnings(tied_head))
-    if lora_sync == "merged":
-        logging.getLogger("vllm.model_executor.model_loader.reload").setLevel(logging.ERROR)
+    logging.getLogger("vllm.model_executor.model_loader.reload").setLevel(logging.ERROR)
 
 
 class ExpectedReloadWarnings(logging.Filter):
@@ -469,7 +504,7 @@ class VLLMRolloutEngine:
             torch.set_num_threads = set_threads
             set_threads(threads)
         if shards > 1:  # the worker processes log and sample on their own
-            llm.collective_rpc(_filter_reload_warnings_in_worker, args=(ties_embeddings(model_path), sync_mode(spec)))
+            llm.collective_rpc(_quiet_reload_warnings_in_worker)
             if not cuda:
                 llm.collective_rpc(_rank_eagerly_in_worker)
         adapter_config = peft_config_dict(lora) if lora is not None else None
@@ -558,17 +593,19 @@ class VLLMRolloutEngine:
         """Copy named full tensors (Hugging Face names) into the engine's model in place; returns bytes loaded.
 
         The iterator is consumed lazily, layer by layer: pass a generator (FSDPTrainer.full_tensors)
-        and at most one layer's gathered tensors are alive at once. A tensor-parallel engine takes the
-        whole model as one list instead: it is pickled to each shard's process (see the module docstring).
+        and at most one layer's gathered tensors are alive at once. A tensor-parallel engine takes them
+        a decoder layer per call instead, as lists pickled to each shard's process (see the module docstring).
         """
         counter = _ByteCounter(weights)
-        stream: Iterable[tuple[str, Tensor]] = iter(counter) if self.shards == 1 else list(counter)
+        # in-process: one lazy stream; split over worker processes: one pickled list per decoder layer
+        loads: Iterable[Iterable[tuple[str, Tensor]]] = [iter(counter)] if self.shards == 1 else layer_loads(counter)
         self._wake_weights()
         reload_logger = logging.getLogger(RELOAD_LOGGER)
         reload_logger.addFilter(self._reload_filter)
         try:
             with _quiet_reload_loggers() if self.partial_loads else contextlib.nullcontext():
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
+                for load in loads:
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": load})
         finally:
             reload_logger.removeFilter(self._reload_filter)
         if self.device.type == "cpu":
