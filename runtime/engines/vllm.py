@@ -49,8 +49,9 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   cannot travel, a list can. So a sync goes one decoder layer at a time (`layer_loads`): a list of
   one layer's tensors per call, which each worker unpickles and shards into its own slice, and vLLM's
   layerwise reload rebuilds that layer and puts every other layer back as it was (as for LoRA's
-  partial loads). Host memory holds one layer in this process and one copy per worker at a time,
-  (1 + tensorParallelSize) x the largest layer, not x the model. The price is a call per layer, and
+  partial loads). Host memory holds one layer in this process and a copy in each worker at a time:
+  a few times the largest layer, not a copy of the model per worker (bench/tensor_parallel_sync.py:
+  0.45x the peak of one whole-model call at 2 shards, 100M). The price is a call per layer, and
   vLLM's "Failed to load weights" for every layer a call leaves alone, which the workers drop
   (`_quiet_reload_warnings_in_worker`): a layer never loaded goes unreported there, and
   rollout.verifySync is what catches stale weights. verl avoids the pickling by driving each TP shard
