@@ -119,14 +119,16 @@ def rss() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def peak_extra_rss(work: Callable[[], object]) -> tuple[float, int]:
-    """Seconds `work` takes and the peak resident memory above the level before it."""
-    base, peak, done = rss(), [0], threading.Event()
+def peak_extra_rss(
+    work: Callable[[], object], measure: Callable[[], int] = rss, every: float = 0.001
+) -> tuple[float, int]:
+    """Seconds `work` takes and the peak of `measure` (resident memory) above its level before, sampled `every` s."""
+    base, peak, done = measure(), [0], threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], rss() - base)
-            time.sleep(0.001)
+            peak[0] = max(peak[0], measure() - base)
+            time.sleep(every)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -135,7 +137,7 @@ def peak_extra_rss(work: Callable[[], object]) -> tuple[float, int]:
     seconds = time.perf_counter() - started
     done.set()
     sampler.join()
-    return seconds, max(peak[0], rss() - base)
+    return seconds, max(peak[0], measure() - base)
 
 
 def best_of(repeats: int, *works: Callable[[], object]) -> list[float]:

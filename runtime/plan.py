@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from kuberl.api import RLJob, Role
+from kuberl.api import RLJob, Role, RolloutEngine
 from kuberl.api.topology import ActorGroup, Topology, plan_topology
 from kuberl.runtime.data import PromptDataset, PromptLoader
 from kuberl.runtime.models.resolve import ModelLocation
@@ -118,6 +118,12 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
 
     for problem in lora_problems(spec, actor_path):
         raise RunConfigError(problem)
+    if spec.rollout.engine == RolloutEngine.VLLM:
+        from kuberl.runtime.engines.vllm import tensor_parallel_refusal
+
+        refusal = tensor_parallel_refusal(actor_path, spec.rollout.tensor_parallel_size)
+        if refusal is not None:
+            raise RunConfigError(refusal)
     # transformers types decode() for a batch too (str | list[str]); the controller decodes one sequence
     tokenizer = cast(Tokenizer, AutoTokenizer.from_pretrained(tokenizer_path))
     tools = environment_tools(job, actor_path)

@@ -45,16 +45,21 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   shard (`tensor_parallel_arguments`), each on a GPU of the replica's pod, or on CPU a process with
   its share of the replica's cores (`worker_environment`: OMP threads split, and vLLM's core binding
   off, which would pin every worker to cores Ray's other actors use). A weight load is then a
-  `collective_rpc` to those processes: its argument is pickled to each worker, so the weights travel
-  as one list, not a lazy generator. The replica holds the whole model once in host memory while the
-  list is built and each worker unpickles a copy of it, which it shards into its own slice; on GPU
-  that is (1 + tensorParallelSize) x the model in host memory for the duration of a sync (fine for
-  the tiny models here; a 70B rollout pod needs the RAM). verl avoids the copies by driving each TP
-  shard from a trainer rank of its own (vLLM's external launcher), which kuberl's colocated engine
-  does not do: a colocated engine spans one device. The TP workers are fresh processes, so the
-  patch that must reach vLLM's sampler is installed in them after start-up too
-  (`_rank_eagerly_in_worker`); the kernel-rebind patch guards against modules this process may hold
-  (flask), which the fresh workers do not import.
+  `collective_rpc` to those processes, whose arguments are pickled to each worker: a lazy generator
+  cannot travel, a list can. So a sync goes one decoder layer at a time (`layer_loads`): a list of
+  one layer's tensors per call, which each worker unpickles and shards into its own slice, and vLLM's
+  layerwise reload rebuilds that layer and puts every other layer back as it was (as for LoRA's
+  partial loads). Host memory holds one layer in this process and a copy in each worker at a time:
+  a few times the largest layer, not a copy of the model per worker (bench/tensor_parallel_sync.py:
+  0.45x the peak of one whole-model call at 2 shards, 100M). The price is a call per layer, and
+  vLLM's "Failed to load weights" for every layer a call leaves alone, which the workers drop
+  (`_quiet_reload_warnings_in_worker`): a layer never loaded goes unreported there, and
+  rollout.verifySync is what catches stale weights. verl avoids the pickling by driving each TP shard
+  from a trainer rank of its own (vLLM's external launcher), which kuberl's colocated engine does not
+  do: a colocated engine spans one device. The TP workers are fresh processes, so the patch that must
+  reach vLLM's sampler is installed in them after start-up too (`_rank_eagerly_in_worker`); the
+  kernel-rebind patch guards against modules this process may hold (flask), which the fresh workers
+  do not import.
 - dtype: the engine runs in spec.rollout.dtype (default: the actor's; verl's default is bfloat16), the
   synced weights cast to it on load; spec.rollout.engineArgs reach `LLM` as given (`llm_arguments`).
 - On CPU, vLLM's sampler ranks each returned log-prob with a `torch.compile`d helper
@@ -87,6 +92,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Iterator
@@ -218,15 +224,49 @@ def tensor_parallel_problem(config: dict[str, Any], size: int) -> str | None:
     return None
 
 
-def check_tensor_parallel(model_path: str, size: int) -> None:
-    """Refuse, naming the field, a tensor-parallel size the model's heads cannot be split by."""
+def tensor_parallel_refusal(model_path: str, size: int) -> str | None:
+    """Why spec.rollout.tensorParallelSize `size` cannot split the model at `model_path` (its config.json),
+    naming the field; None when it can. The run's plan asks before any actor starts, the engine again."""
     config = Path(model_path) / "config.json"
     problem = tensor_parallel_problem(json.loads(config.read_text()), size) if config.is_file() else None
-    if problem is not None:
-        raise ValueError(
-            f"spec.rollout.tensorParallelSize {size}: {problem} ({model_path}); "
-            "pick a size that divides the model's attention heads"
-        )
+    if problem is None:
+        return None
+    return (
+        f"spec.rollout.tensorParallelSize {size}: {problem} ({model_path}); "
+        "pick a size that divides the model's attention heads"
+    )
+
+
+#: A checkpoint name's decoder layer (`model.layers.3.mlp.up_proj.weight` -> `model.layers.3`).
+DECODER_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+
+
+def layer_loads(weights: Iterable[tuple[str, Tensor]]) -> Iterator[list[tuple[str, Tensor]]]:
+    """Consecutive named tensors grouped by decoder layer (any other tensor by its module), in order.
+
+    Each group holds all a vLLM layer reads (its fused qkv / gate_up projections are one decoder layer's
+    tensors), so a reload of one group rebuilds whole layers. A layer whose tensors come apart would be
+    rebuilt half loaded, so a name of a group already sent raises.
+
+    >>> names = ["model.embed_tokens.weight", "model.layers.0.a.weight", "model.layers.0.b.weight", "lm_head.weight"]
+    >>> [[name for name, _ in group] for group in layer_loads((name, None) for name in names)]
+    [['model.embed_tokens.weight'], ['model.layers.0.a.weight', 'model.layers.0.b.weight'], ['lm_head.weight']]
+    """
+    group: list[tuple[str, Tensor]] = []
+    key, sent = None, set()
+    for name, tensor in weights:
+        match = DECODER_LAYER.match(name)
+        owner = match.group(1) if match else name.rpartition(".")[0]
+        if owner != key:
+            if group:
+                yield group
+            if owner in sent:
+                raise ValueError(f"weights of {owner} come in two runs ({name} after other layers'); send each whole")
+            sent.add(owner)
+            group, key = [], owner
+        group.append((name, tensor))
+    if group:
+        yield group
 
 
 def tensor_parallel_arguments(size: int) -> dict[str, Any]:
@@ -339,15 +379,13 @@ def _refresh_shared_gemms(worker: Any) -> int:
     return refreshed
 
 
-def _filter_reload_warnings_in_worker(worker: Any, tied_head: bool, lora_sync: str | None) -> None:
-    """In a tensor-parallel worker process, for its lifetime: what `load_weights` does around each reload here.
+def _quiet_reload_warnings_in_worker(worker: Any) -> None:
+    """In a tensor-parallel worker process, for its lifetime: only errors from vLLM's reload.
 
-    Drops the expected "Failed to load weights" records (`ExpectedReloadWarnings`) and, for LoRA's merged
-    sync, every warning of the layers a partial load leaves as they are (`_quiet_reload_loggers`).
+    A sync reloads one layer per call (`layer_loads`), and each call warns about every other layer
+    ("Failed to load weights", "weights were not loaded"): warnings that say nothing there.
     """
-    logging.getLogger(RELOAD_LOGGER).addFilter(ExpectedReloadWarnings(tied_head))
-    if lora_sync == "merged":
-        logging.getLogger("vllm.model_executor.model_loader.reload").setLevel(logging.ERROR)
+    logging.getLogger("vllm.model_executor.model_loader.reload").setLevel(logging.ERROR)
 
 
 class ExpectedReloadWarnings(logging.Filter):
@@ -441,7 +479,9 @@ class VLLMRolloutEngine:
     def create(cls, spec: RLJobSpec, model_path: str, device: torch.device) -> "VLLMRolloutEngine":
         """An engine for `spec` holding the model at `model_path`, on `device` (cpu or cuda)."""
         shards = spec.rollout.tensor_parallel_size
-        check_tensor_parallel(model_path, shards)
+        refusal = tensor_parallel_refusal(model_path, shards)
+        if refusal is not None:
+            raise ValueError(refusal)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights stream as Python objects
         from vllm import LLM
 
@@ -465,7 +505,7 @@ class VLLMRolloutEngine:
             torch.set_num_threads = set_threads
             set_threads(threads)
         if shards > 1:  # the worker processes log and sample on their own
-            llm.collective_rpc(_filter_reload_warnings_in_worker, args=(ties_embeddings(model_path), sync_mode(spec)))
+            llm.collective_rpc(_quiet_reload_warnings_in_worker)
             if not cuda:
                 llm.collective_rpc(_rank_eagerly_in_worker)
         adapter_config = peft_config_dict(lora) if lora is not None else None
@@ -554,17 +594,19 @@ class VLLMRolloutEngine:
         """Copy named full tensors (Hugging Face names) into the engine's model in place; returns bytes loaded.
 
         The iterator is consumed lazily, layer by layer: pass a generator (FSDPTrainer.full_tensors)
-        and at most one layer's gathered tensors are alive at once. A tensor-parallel engine takes the
-        whole model as one list instead: it is pickled to each shard's process (see the module docstring).
+        and at most one layer's gathered tensors are alive at once. A tensor-parallel engine takes them
+        a decoder layer per call instead, as lists pickled to each shard's process (see the module docstring).
         """
         counter = _ByteCounter(weights)
-        stream: Iterable[tuple[str, Tensor]] = iter(counter) if self.shards == 1 else list(counter)
+        # in-process: one lazy stream; split over worker processes: one pickled list per decoder layer
+        loads: Iterable[Iterable[tuple[str, Tensor]]] = [iter(counter)] if self.shards == 1 else layer_loads(counter)
         self._wake_weights()
         reload_logger = logging.getLogger(RELOAD_LOGGER)
         reload_logger.addFilter(self._reload_filter)
         try:
             with _quiet_reload_loggers() if self.partial_loads else contextlib.nullcontext():
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
+                for load in loads:
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": load})
         finally:
             reload_logger.removeFilter(self._reload_filter)
         if self.device.type == "cpu":

@@ -71,6 +71,20 @@ def test_batch_that_cannot_be_split_over_the_ranks_is_refused(tmp_path, capsys):
     assert "spec.algorithm.miniBatchSize" in capsys.readouterr().err
 
 
+def test_a_tensor_parallel_size_the_models_heads_cannot_take_is_refused_naming_the_field(tmp_path, capsys):
+    path = write_job(
+        tmp_path,
+        **{
+            "rollout.engine": "vllm",
+            "rollout.placement": "separate",
+            "rollout.tensorParallelSize": 3,  # tiny://counter has 4 attention heads
+            "resources": {"actor": {"replicas": 2, "cpus": 0.5}, "rollout": {"cpus": 3}},
+        },
+    )
+    assert run_cli(path, tmp_path) == ExitCode.CONFIG_ERROR
+    assert "spec.rollout.tensorParallelSize 3: the model has 4 attention heads" in capsys.readouterr().err
+
+
 def test_nothing_is_started_or_written_before_the_checks(tmp_path):
     # A fresh interpreter: the test session's own Ray must not hide a Ray the run started.
     path = write_job(tmp_path, **{"data.train": "nowhere.jsonl"})

@@ -3,12 +3,14 @@
 import json
 
 import pytest
+import torch
 
 from kuberl.api import parse_rljob
 from kuberl.runtime.engines.vllm import (
-    check_tensor_parallel,
+    layer_loads,
     llm_arguments,
     tensor_parallel_problem,
+    tensor_parallel_refusal,
     worker_environment,
 )
 from tests.unit.api.test_rules import spec_with
@@ -55,8 +57,32 @@ def test_a_split_must_divide_the_models_heads(heads, kv_heads, shards, problem):
     assert found is None if problem is None else problem in found
 
 
-def test_a_split_the_model_cannot_take_is_refused_at_engine_start_naming_the_field(tmp_path):
+def test_a_split_the_model_cannot_take_is_refused_naming_the_field(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))
-    with pytest.raises(ValueError, match=r"spec.rollout.tensorParallelSize 3: the model has 4 attention heads"):
-        check_tensor_parallel(str(tmp_path), 3)
-    check_tensor_parallel(str(tmp_path), 2)
+    refusal = tensor_parallel_refusal(str(tmp_path), 3)
+    assert refusal is not None and refusal.startswith("spec.rollout.tensorParallelSize 3: the model has 4 attention")
+    assert tensor_parallel_refusal(str(tmp_path), 2) is None
+
+
+def test_a_split_engines_sync_sends_each_decoder_layer_whole_in_one_load():
+    names = [
+        "model.embed_tokens.weight",
+        *(f"model.layers.{i}.{part}.weight" for i in (0, 1) for part in ("self_attn.q_proj", "mlp.up_proj")),
+        "model.norm.weight",
+        "lm_head.weight",
+    ]
+    loads = [[name for name, _ in load] for load in layer_loads((name, torch.zeros(1)) for name in names)]
+    assert loads == [
+        ["model.embed_tokens.weight"],
+        ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"],
+        ["model.layers.1.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight"],
+        ["model.norm.weight"],
+        ["lm_head.weight"],
+    ]
+    assert sum(loads, []) == names  # everything, in order
+
+
+def test_a_layer_whose_tensors_come_apart_is_refused_rather_than_rebuilt_half_loaded():
+    names = ["model.layers.0.a.weight", "model.layers.1.a.weight", "model.layers.0.b.weight"]
+    with pytest.raises(ValueError, match="model.layers.0 come in two runs"):
+        list(layer_loads((name, torch.zeros(1)) for name in names))
