@@ -19,9 +19,8 @@ kuberl cannot follow (the rollout's bfloat16, tensor parallelism 2) is reported 
 line sets that the table does not know is reported as lost and assumed to change training.
 
 To teach the converter a new knob, give its verl key an entry here (and its default in VERL_DEFAULTS when
-kuberl's differs). The knobs issue #21's second part adds (offload, token-budget micro-batches,
-padding-free, per-role micro-batches, critic gradient checkpointing, rollout dtype, vLLM engine arguments,
-tensor parallelism) become `Carry` entries or rules in place of their `Lose` ones.
+kuberl's differs), or a joint rule in rules.py when its meaning depends on other keys (offload,
+token-budget micro-batches and padding-free are such rules).
 """
 
 import re
@@ -337,9 +336,13 @@ KNOB_PATTERNS: list[tuple[re.Pattern[str], Lose]] = [
         re.compile(r"^(actor_rollout_ref\.(actor|ref)|critic)\.megatron\..*$"),
         Lose("Megatron is out of scope: kuberl trains with FSDP2", False, lambda value: _off(value) or _one(value)),
     ),
+    (  # the actor's, critic's and reference's switches are offload_rule's (rules.py)
+        re.compile(r"^.*fsdp_config\.grad_offload$"),
+        Lose("gradients are offloaded with the parameters (models.<role>.offload)", False),
+    ),
     (
-        re.compile(r"^.*fsdp_config\.(param_offload|optimizer_offload|grad_offload|offload_policy)$"),
-        Lose("CPU offload is " + NOT_YET, False),
+        re.compile(r"^reward_model\..*fsdp_config\.(param_offload|optimizer_offload|offload_policy)$"),
+        Lose("the reward model runs unsharded with transformers, on its pool's device", False),
     ),
 ]
 

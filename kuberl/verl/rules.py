@@ -270,42 +270,115 @@ def micro_batch_rule(config: Config) -> Derived:
     return out
 
 
-DYNAMIC_BSZ = (f"{ACTOR}.use_dynamic_bsz", f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{REF}.log_prob_use_dynamic_bsz")
-DYNAMIC_BSZ += ("critic.use_dynamic_bsz", "reward_model.use_dynamic_bsz")
-TOKEN_BUDGETS = (
-    f"{ACTOR}.ppo_max_token_len_per_gpu",
-    f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
-    f"{REF}.log_prob_max_token_len_per_gpu",
-    "critic.ppo_max_token_len_per_gpu",
-    "critic.forward_max_token_len_per_gpu",
-    "reward_model.forward_max_token_len_per_gpu",
-)
+#: Each pass's token-budget switch, its budget, the budget verl's default follows, and the RLJob field it becomes.
+#: verl's defaults: the forward passes follow the actor's switch and budget; the critic's one switch cuts its
+#: update and its forward, whose budget follows the update's.
+TOKEN_BUDGETS: list[tuple[str, str, str | None, str]] = [
+    (f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu", None, "models.actor.maxTokensPerMicroBatch"),
+    (
+        f"{ROLLOUT}.log_prob_use_dynamic_bsz",
+        f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+        f"{ACTOR}.ppo_max_token_len_per_gpu",
+        "models.actor.forwardMaxTokensPerMicroBatch",
+    ),
+    (
+        f"{REF}.log_prob_use_dynamic_bsz",
+        f"{REF}.log_prob_max_token_len_per_gpu",
+        f"{ACTOR}.ppo_max_token_len_per_gpu",
+        "models.reference.maxTokensPerMicroBatch",
+    ),
+    ("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu", None, "models.critic.maxTokensPerMicroBatch"),
+    (
+        "critic.use_dynamic_bsz",
+        "critic.forward_max_token_len_per_gpu",
+        "critic.ppo_max_token_len_per_gpu",
+        "models.critic.forwardMaxTokensPerMicroBatch",
+    ),
+]
+#: verl's default budgets (its actor.yaml and critic.yaml).
+DEFAULT_BUDGETS = {f"{ACTOR}.ppo_max_token_len_per_gpu": 16384, "critic.ppo_max_token_len_per_gpu": 32768}
+REWARD_DYNAMIC_BSZ = ("reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu")
 
 
 def dynamic_batch_rule(config: Config) -> Derived:
-    """Token-budget micro-batches are not in kuberl yet: each switch that is on is lost, with its budgets
-    (a budget without its switch does nothing in verl either)."""
+    """use_dynamic_bsz with *_max_token_len_per_gpu -> models.<role>.(forward)MaxTokensPerMicroBatch.
+
+    A budget without its switch does nothing in verl either. kuberl refuses a budget below the longest sequence
+    (maxPromptLength + maxNewTokens), which verl only checks against the batch at hand: such a budget is raised
+    to the longest sequence and reported (memory, not what is trained). The reward model's switch is lost: its
+    pool scores fixed batches (reward.model.batchSize).
+    """
     out = Derived()
-    why = "token-budget micro-batches are not in kuberl yet; fixed training.microBatchSize"
-    on = [key for key in DYNAMIC_BSZ if config.get(key)]
-    for key in on:
-        out.lost.append(_lost(config, key, why, False))
-    if on:
-        out.lost += [_lost(config, key, why, False) for key in TOKEN_BUDGETS if config.get(key) is not None]
+    longest = int(config["data.max_prompt_length"]) + int(config["data.max_response_length"])
+    actor_switch = config.get(f"{ACTOR}.use_dynamic_bsz")
+    for switch, budget_key, default_key, field in TOKEN_BUDGETS:
+        if not (config.get(switch) if config.get(switch) is not None else actor_switch):
+            continue
+        source = budget_key if config.get(budget_key) is not None or default_key is None else default_key
+        value = config.get(source)
+        budget = int(value if value is not None else DEFAULT_BUDGETS[source])
+        out.fields[field] = max(budget, longest)
+        if budget < longest and source not in {knob.key for knob in out.lost}:  # the key that set it, once
+            why = f"kuberl's budget must hold the longest sequence (maxPromptLength + maxNewTokens): {longest}"
+            out.lost.append(_lost(config, source, why, False))
+    if config.get(REWARD_DYNAMIC_BSZ[0]):
+        why = "the reward model scores fixed batches of reward.model.batchSize"
+        out.lost += [_lost(config, key, why, False) for key in REWARD_DYNAMIC_BSZ if config.get(key) is not None]
     return out
 
 
 def padding_free_rule(config: Config) -> Derived:
-    """use_remove_padding (the actor's, the critic's, the reward model's): kuberl's forward is padded."""
+    """use_remove_padding (the actor's, the critic's) -> training.paddingFree, which packs every trainer's forward.
+
+    verl switches it per model, kuberl for all trainers: when the actor and the critic disagree, kuberl packs both,
+    and a model set to pad is reported (it computes the same either way). The reward model's forward
+    is padded in kuberl.
+    """
     out = Derived()
-    why = "padding-free (packed) forward is not in kuberl yet; the padded forward computes the same"
-    for key in (
-        f"{MODEL}.use_remove_padding",
-        f"{CRITIC_MODEL}.use_remove_padding",
-        "reward_model.model.use_remove_padding",
-    ):
-        if config.get(key):
-            out.lost.append(_lost(config, key, why, False))
+    keys = (f"{MODEL}.use_remove_padding", f"{CRITIC_MODEL}.use_remove_padding")
+    if any(config.get(key) for key in keys):
+        out.fields["training.paddingFree"] = True
+        why = "training.paddingFree packs the actor's and the critic's forwards alike; both are packed"
+        out.lost += [_lost(config, key, why, False) for key in keys if config.get(key) is False]
+    if config.get("reward_model.model.use_remove_padding"):
+        why = "the reward model's forward is padded in kuberl; it computes the same"
+        out.lost.append(_lost(config, "reward_model.model.use_remove_padding", why, False))
+    return out
+
+
+#: Each trained role's FSDP offload switches -> its RLJob offload section.
+OFFLOAD_ROLES = {f"{ACTOR}.fsdp_config": "models.actor.offload", "critic.model.fsdp_config": "models.critic.offload"}
+OFFLOAD_KEYS = tuple(
+    f"{prefix}.{key}" for prefix in OFFLOAD_ROLES for key in ("param_offload", "optimizer_offload", "offload_policy")
+) + (f"{REF}.fsdp_config.param_offload",)
+
+
+def offload_rule(config: Config) -> Derived:
+    """fsdp_config.param_offload / optimizer_offload / offload_policy -> models.<role>.offload.
+
+    kuberl offloads with FSDP2's CPUOffloadPolicy (verl's offload_policy), which keeps parameters, gradients and
+    optimiser state in host memory together: a role that offloads either half gets both, and the half verl left
+    on the device is reported. verl's param_offload moves the weights out between stages and back for compute;
+    kuberl's copies them in layer by layer. A LoRA actor's reference is its own base weights: the reference's
+    switch is reported, the actor's offload covers those weights.
+    """
+    out = Derived()
+    for prefix, field in OFFLOAD_ROLES.items():
+        params, optimizer = (bool(config.get(f"{prefix}.{key}")) for key in ("param_offload", "optimizer_offload"))
+        if config.get(f"{prefix}.offload_policy"):
+            params = optimizer = True
+        elif params != optimizer:
+            key = f"{prefix}.{'optimizer_offload' if params else 'param_offload'}"
+            why = "FSDP2 offloads parameters and optimiser state together: kuberl offloads both"
+            out.lost.append(LostKnob(key, config.get(key, False), why, False))
+        if params or optimizer:
+            out.fields[field] = {"params": True, "optimizer": True}
+    if config.get(f"{REF}.fsdp_config.param_offload"):
+        if int(config[f"{MODEL}.lora_rank"] or 0) > 0 and not config.get(f"{REF}.model.path"):
+            why = "a LoRA actor's reference is its own base weights; models.actor.offload offloads them"
+            out.lost.append(_lost(config, f"{REF}.fsdp_config.param_offload", why, False))
+        else:
+            out.fields["models.reference.offload"] = {"params": True}
     return out
 
 
@@ -407,7 +480,12 @@ JOINT_KEYS: dict[Callable[[Config], Derived], tuple[str, ...]] = {
     schedule_rule: (f"{ACTOR}.optim.lr_warmup_steps", f"{ACTOR}.optim.lr_warmup_steps_ratio"),
     mini_batch_rule: (f"{ACTOR}.ppo_mini_batch_size",),
     micro_batch_rule: (f"{ACTOR}.ppo_micro_batch_size_per_gpu", *OTHER_MICRO_BATCHES, *GLOBAL_MICRO_BATCHES),
-    dynamic_batch_rule: (*DYNAMIC_BSZ, *TOKEN_BUDGETS),
+    dynamic_batch_rule: (
+        *(switch for switch, _, _, _ in TOKEN_BUDGETS),
+        *(budget_key for _, budget_key, _, _ in TOKEN_BUDGETS),
+        *REWARD_DYNAMIC_BSZ,
+    ),
+    offload_rule: OFFLOAD_KEYS,
     padding_free_rule: (
         f"{MODEL}.use_remove_padding",
         f"{CRITIC_MODEL}.use_remove_padding",

@@ -156,7 +156,9 @@ class FSDPTrainer:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers PreTrainedModel
         self.device = device
-        self.model = apply_fsdp(model.to(device), world_size, device.type, compute_dtype, offload)
+        # offloaded, the model stays in host memory: fully_shard moves one unit at a time to the device, shards it
+        # and copies its shard back, so the whole model is never on the device at once
+        self.model = apply_fsdp(model if offload else model.to(device), world_size, device.type, compute_dtype, offload)
         self.padding_free = padding_free  # training.paddingFree: packed forwards (engines/packing.py)
         # CPU mixed precision: forward passes under autocast (its backward follows the forward's dtypes)
         self.cpu_autocast_dtype = compute_dtype if device.type == "cpu" and compute_dtype != torch.float32 else None
@@ -173,27 +175,33 @@ class FSDPTrainer:
             return contextlib.nullcontext()
         return torch.autocast("cpu", dtype=self.cpu_autocast_dtype)
 
-    def _forward(self, batch: ForwardInput, rows: slice, full_precision: bool = False) -> Tensor:
-        """The model's outputs at the positions that predict the response tokens: (m, R, V) logits, or the
-        critic's (m, R, 1) values. Padded, or packed without the padding (training.paddingFree)."""
+    def _predictions(self, batch: ForwardInput, rows: slice, full_precision: bool = False) -> tuple[Tensor, Tensor]:
+        """The model's outputs at the positions that predict response tokens, (K, V) logits or the critic's (K, 1)
+        values, and where they belong in the rows' response layout: `present` (m, R), K of it true.
+
+        Padded, every position is computed and returned (K = m * R). Packed (training.paddingFree), only positions
+        holding a real token are, and the rest of the work (log-softmax, entropy) skips the padding too.
+        """
         ids = batch.input_ids[rows].to(self.device)  # (m, P+R)
         mask = batch.attention_mask[rows].to(self.device)  # (m, P+R)
         predicting = slice(batch.prompt_width - 1, -1)  # position t predicts (and values) response token t
         with self._autocast(full_precision):
             if not self.padding_free:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
-                return out.logits[:, predicting]  # (m, R, V)
+                outputs = out.logits[:, predicting]  # (m, R, V)
+                present = torch.ones(outputs.shape[:2], dtype=torch.bool, device=self.device)  # (m, R)
+                return outputs.reshape(-1, outputs.shape[-1]), present  # (m * R, V)
             packed = pack_rows(ids, mask)  # (1, T)
             # no attention mask: position ids that restart make transformers attend within each row only
             out = self.model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
-            return packed.unpack(out.logits, predicting)  # (m, R, V)
-
-    def _forward_logits(self, batch: ForwardInput, rows: slice, full_precision: bool = False) -> Tensor:
-        return self._forward(batch, rows, full_precision)  # (m, R, V) predicts response tokens
+            index = packed.index[:, predicting]  # (m, R) where each predicting position sits in the packed row
+            present = index >= 0  # (m, R)
+            return out.logits[0, index[present]], present  # (K, V)
 
     def _forward_values(self, batch: ForwardInput, rows: slice) -> Tensor:
         # V(s_t) for response token t is read at the position that generated it, like the log-probs
-        return self._forward(batch, rows)[..., 0].float()  # (m, R)
+        values, present = self._predictions(batch, rows)  # (K, 1)
+        return into_rows(values[:, 0].float(), present)  # (m, R)
 
     def response_logprobs(
         self,
@@ -203,12 +211,13 @@ class FSDPTrainer:
         with_entropy: bool = False,
         full_precision: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        logits = self._forward_logits(batch, rows, full_precision).float()  # (m, R, V)
+        outputs, present = self._predictions(batch, rows, full_precision)
+        logits = outputs.float()  # (K, V)
         if temperature > 0:
             logits = logits / temperature
-        labels = batch.response_ids[rows].to(self.device)  # (m, R)
-        entropy = entropy_from_logits(logits) if with_entropy else None  # (m, R)
-        return logprobs_from_logits(logits, labels), entropy  # (m, R)
+        labels = batch.response_ids[rows].to(self.device)[present]  # (K,)
+        entropy = into_rows(entropy_from_logits(logits), present) if with_entropy else None  # (m, R)
+        return into_rows(logprobs_from_logits(logits, labels), present), entropy  # (m, R)
 
     @torch.no_grad()
     def logprobs(
@@ -260,8 +269,13 @@ class FSDPTrainer:
         """
         assert self.optimizer is not None and self.scheduler is not None and self.optim_spec is not None
         clip = self.optim_spec.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip is not None else float("inf"))
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        parameters = list(self.model.parameters())
+        norm = torch.nn.utils.get_total_norm([param.grad for param in parameters if param.grad is not None])
+        # clip_grad_norm_ in two halves: an offloaded model's gradients are in host memory, and the norm's reduction
+        # over ranks must run on the device its collectives use (verl's fsdp2_clip_grad_norm_ does the same)
+        norm = norm.to(self.device)
+        torch.nn.utils.clip_grads_with_norm_(parameters, clip if clip is not None else float("inf"), norm)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
         finite = global_sum(0.0 if loss_finite and math.isfinite(float(norm)) else 1.0) == 0.0
         if finite:
             self.optimizer.step()
@@ -287,6 +301,11 @@ class FSDPTrainer:
             full = full.full_tensor() if isinstance(full, DTensor) else full
             yield name, full.detach()
             del full
+
+
+def into_rows(values: Tensor, present: Tensor) -> Tensor:
+    """(K,) values per response position back into the (m, R) layout of `present`; 0 where absent."""
+    return torch.zeros(present.shape, dtype=values.dtype, device=values.device).masked_scatter(present, values)
 
 
 def global_sum(value: float | Tensor) -> float:

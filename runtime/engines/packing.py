@@ -9,8 +9,9 @@ its flash-attention path takes the same layout as variable-length sequences. Eve
 exactly what it sees in the padded forward, and the padding is never computed: on a batch of mixed
 lengths most of the padded tensor is padding (bench/padding_free.py).
 
-The model's outputs are read back into the padded layout, so log-probs and values come out in the same
-(m, R) shapes as from the padded forward (zero at the padding).
+`index` maps each padded position to its packed one, so the trainer reads the model's outputs at the positions
+that predict response tokens and returns log-probs and values in the same (m, R) shapes as the padded forward
+(zero at the padding).
 """
 
 from dataclasses import dataclass
@@ -24,16 +25,6 @@ class PackedRows:
     input_ids: Tensor  # (1, T) the real tokens of every row, row after row
     position_ids: Tensor  # (1, T) 0, 1, ... within each row
     index: Tensor  # (m, L) where each padded position's token sits in the packed row; -1 at padding
-
-    def unpack(self, packed: Tensor, columns: slice) -> Tensor:
-        """`packed` (1, T, ...) model outputs, read back at the padded positions `columns` -> (m, C, ...).
-
-        Padding positions get zeros."""
-        index = self.index[:, columns]  # (m, C)
-        present = index >= 0  # (m, C)
-        gathered = packed[0, index.clamp(min=0)]  # (m, C, ...)
-        shape = present.shape + (1,) * (gathered.dim() - present.dim())
-        return torch.where(present.view(shape), gathered, torch.zeros((), dtype=gathered.dtype))
 
 
 def pack_rows(input_ids: Tensor, attention_mask: Tensor) -> PackedRows:

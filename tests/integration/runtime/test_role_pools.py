@@ -2,7 +2,8 @@
 them as worker groups of their own, on their pools' Ray resources, not inside the actor's workers.
 
 The same run carries each role's own knobs (issue #21): the reference's dtype, the critic's gradient
-checkpointing, and every role's micro-batch sizes, each seen where it takes effect."""
+checkpointing, every role's micro-batch sizes, the actor's CPU offload, the reference's token budget and
+padding-free forwards, each seen where it takes effect."""
 
 from typing import Any
 
@@ -27,8 +28,10 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
                 "microBatchSize": 3,
                 "forwardMicroBatchSize": 5,
             },
-            "models.reference": {"dtype": "bfloat16", "microBatchSize": 6},
+            "models.reference": {"dtype": "bfloat16", "microBatchSize": 6, "maxTokensPerMicroBatch": 100},
             "models.actor.microBatchSize": 2,
+            "models.actor.offload": {"params": True, "optimizer": True},
+            "training.paddingFree": True,
             "models.actor.forwardMicroBatchSize": 7,
             "training.totalSteps": 2,
             "checkpoint.exportHf": False,
@@ -49,12 +52,12 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
         return groups
 
     monkeypatch.setattr(driver, "start_groups", start_and_look)
-    forwards: set[tuple[str, str, int]] = set()  # (method, role, micro-batch size) of each forward-only pass
+    forwards: set[tuple[str, str, int, int | None]] = set()  # (method, role, rows, tokens) of each forward pass
     call_sharded = WorkerGroup.call_sharded
 
     def call_and_note(group, method, batch, **kwargs):
         if "micro_batch_size" in kwargs:
-            forwards.add((method, kwargs.get("role", "critic"), kwargs["micro_batch_size"]))
+            forwards.add((method, kwargs.get("role", "critic"), kwargs["micro_batch_size"], kwargs["max_tokens"]))
         return call_sharded(group, method, batch, **kwargs)
 
     monkeypatch.setattr(WorkerGroup, "call_sharded", call_and_note)
@@ -69,18 +72,29 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
     assert len(pids["actor"] | pids["critic"] | pids["reference"]) == 4  # four processes: nothing shared
     for name, ranks in hosted.items():  # each on a unit of its own pool's resource
         assert all(rank["resources"].get(f"kuberl_{name}") == 1 for rank in ranks), ranks
-    # the reference in its own dtype beside the float32 actor; only the critic recomputes activations
+    # the reference in its own dtype beside the float32 actor; only the critic recomputes activations; only the
+    # actor's FSDP2 shards are in host memory (offload); every trainer's forwards are packed (paddingFree)
     assert hosted["reference"][0]["trainers"]["reference"]["dtype"] == "bfloat16"
-    assert hosted["actor"][0]["trainers"]["actor"] == {"dtype": "float32", "gradient_checkpointing": False}
-    assert hosted["critic"][0]["trainers"]["critic"] == {"dtype": "float32", "gradient_checkpointing": True}
+    assert hosted["actor"][0]["trainers"]["actor"] == {
+        "dtype": "float32",
+        "gradient_checkpointing": False,
+        "offloaded_to_cpu": True,
+        "padding_free": True,
+    }
+    assert hosted["critic"][0]["trainers"]["critic"] == {
+        "dtype": "float32",
+        "gradient_checkpointing": True,
+        "offloaded_to_cpu": False,
+        "padding_free": True,
+    }
     # 8 rows a step: the actor's 2 ranks update 4 rows each in micro-batches of 2, the critic's 1 rank 8 in 3s
     assert {record["actor/micro_batches"] for record in run.history} == {2.0}
     assert {record["critic/micro_batches"] for record in run.history} == {3.0}
     # the forward-only passes: values, reference log-probs, and the actor's old log-probs (the KL is in the reward)
     assert forwards == {
-        ("compute_values", "critic", 5),
-        ("compute_logprobs", "reference", 6),
-        ("compute_logprobs", "actor", 7),
+        ("compute_values", "critic", 5, None),
+        ("compute_logprobs", "reference", 6, 100),  # cut by tokens: its rows are not used
+        ("compute_logprobs", "actor", 7, None),
     }
     # the critic's own ranks saved their model into the final checkpoint beside the actor's
     assert (tmp_path / "checkpoints" / "step-000002" / "critic" / ".metadata").is_file()

@@ -44,8 +44,6 @@ def test_grpo_gsm8k_converts_without_losing_anything_that_trains() -> None:
     assert (
         lost(conversion)
         == {
-            "actor_rollout_ref.model.use_remove_padding": False,
-            "actor_rollout_ref.ref.fsdp_config.param_offload": False,
             "actor_rollout_ref.rollout.tensor_model_parallel_size": False,  # set to 2 by the script
             "trainer.val_before_train": False,  # verl's default: validate before the first step
         }
@@ -64,6 +62,9 @@ def test_grpo_gsm8k_converts_without_losing_anything_that_trains() -> None:
     assert spec.algorithm.loss_aggregation == "token_mean"  # verl's default; kuberl's grpo preset: seq_mean_token_mean
     assert spec.models.actor.optim.weight_decay == 0.01  # verl's default; kuberl's: 0
     assert spec.models.actor.gradient_checkpointing is True
+    assert spec.training.padding_free is True  # use_remove_padding=True
+    assert spec.models.reference is not None and spec.models.reference.offload.params  # ref param_offload=True
+    assert not spec.models.actor.offload.params  # param_offload=False, optimizer_offload=False
     assert (spec.algorithm.kl.coef, spec.algorithm.kl.placement, spec.algorithm.kl.estimator) == (0.001, "loss", "k3")
     assert (spec.algorithm.clip_ratio_low, spec.algorithm.clip_ratio_high, spec.algorithm.dual_clip_c) == (0.2, 0.2, 3)
     assert (spec.data.batch_size, spec.algorithm.mini_batch_size, spec.rollout.max_new_tokens) == (1024, 256, 1024)
@@ -89,12 +90,12 @@ def test_ppo_with_a_critic_pins_verls_gae_lambda_value_clip_and_weight_decay() -
     assert (
         lost(conversion)
         == {
-            "critic.model.use_remove_padding": False,
             "actor_rollout_ref.rollout.tensor_model_parallel_size": False,  # 4
         }
         | ROLLOUT_DTYPE
     )  # val_before_train=False, the critic's micro-batch equal to the actor's: nothing lost
     spec = parse_rljob(conversion.manifest).spec
+    assert spec.training.padding_free  # the critic's use_remove_padding; the actor's is not set
     assert (spec.algorithm.name, spec.algorithm.advantage_estimator, spec.algorithm.group_size) == ("ppo", "gae", 1)
     assert (spec.algorithm.lam, spec.algorithm.value_clip, spec.algorithm.gamma) == (1.0, 0.5, 1.0)
     assert spec.models.critic is not None and spec.models.critic.path == "hf://deepseek-ai/deepseek-llm-7b-chat"
@@ -111,19 +112,10 @@ def test_ppo_with_a_reward_model_loses_only_how_it_trains() -> None:
     assert (
         lost(conversion)
         == {
-            # verl's older global micro-batch sizes: 128 / 8 GPUs for the actor, 256 / 8 for the others
-            # token-budget micro-batches and their budgets
-            "actor_rollout_ref.actor.use_dynamic_bsz": False,
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": False,
-            "critic.use_dynamic_bsz": False,
-            "critic.ppo_max_token_len_per_gpu": False,
+            # the reward model's token budget, packing and offload: it runs unsharded with transformers, padded
             "reward_model.use_dynamic_bsz": False,
             "reward_model.forward_max_token_len_per_gpu": False,
-            # padding-free forward, offload (grad_offload=False and friends lose nothing), critic checkpointing
-            "actor_rollout_ref.model.use_remove_padding": False,
-            "critic.model.use_remove_padding": False,
             "reward_model.model.use_remove_padding": False,
-            "actor_rollout_ref.ref.fsdp_config.param_offload": False,
             "reward_model.model.fsdp_config.param_offload": False,
             "actor_rollout_ref.rollout.tensor_model_parallel_size": False,
         }
@@ -137,6 +129,13 @@ def test_ppo_with_a_reward_model_loses_only_how_it_trains() -> None:
     assert spec.algorithm.kl.coef == 0.0  # kl_ctrl.kl_coef is set, but use_kl_in_reward is verl's default False
     assert spec.data.validation == ["/home/me/data/gsm8k/test.parquet", "/home/me/data/math/test.parquet"]
     assert (spec.data.max_prompt_length, spec.rollout.max_new_tokens, spec.training.epochs) == (4096, 4096, 100)
+    # token budgets: the actor's, its forwards' (verl's default follows the actor's switch and budget), the critic's
+    actor, critic, reference = spec.models.actor, spec.models.critic, spec.models.reference
+    assert (actor.max_tokens_per_micro_batch, actor.forward_max_tokens_per_micro_batch) == (24000, 24000)
+    assert critic is not None and reference is not None
+    assert (critic.max_tokens_per_micro_batch, critic.forward_max_tokens_per_micro_batch) == (98304, 98304)
+    assert reference.max_tokens_per_micro_batch == 24000
+    assert spec.training.padding_free and reference.offload.params and not critic.offload.params
 
 
 def test_dapo_with_lora_carries_the_adapters_and_loses_what_changes_training() -> None:
@@ -183,10 +182,6 @@ def test_gspo_on_megatron_with_shell_arithmetic() -> None:
             "actor_rollout_ref.actor.megatron.param_offload": False,
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": False,  # pipeline size 1: nothing lost
             "trainer.logger": False,  # swanlab; wandb is carried
-            "actor_rollout_ref.actor.use_dynamic_bsz": False,
-            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": False,
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": False,
-            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": False,
             "actor_rollout_ref.rollout.tensor_model_parallel_size": False,
             "actor_rollout_ref.rollout.max_num_batched_tokens": False,
             "actor_rollout_ref.rollout.enforce_eager": False,  # enable_chunked_prefill=True is vLLM's own behaviour
@@ -198,10 +193,13 @@ def test_gspo_on_megatron_with_shell_arithmetic() -> None:
         | ROLLOUT_DTYPE
     )
     by_key = {knob.key: knob.value for knob in conversion.lost}
-    assert by_key["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 7168  # $(((4096 + 3072) * 1))
-    assert by_key["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == 21504
     assert by_key["data.gen_batch_size"] == 20  # $((16 * 5 / 4)), integer division
     spec = parse_rljob(conversion.manifest).spec
+    # $(((4096 + 3072) * 1)) and * 3: the actor's update and its log-prob forward cut by tokens
+    assert (spec.models.actor.max_tokens_per_micro_batch, spec.models.actor.forward_max_tokens_per_micro_batch) == (
+        7168,
+        21504,
+    )
     assert (spec.algorithm.policy_loss, spec.algorithm.loss_aggregation) == ("gspo", "seq_mean_token_mean")
     assert (spec.algorithm.clip_ratio_low, spec.algorithm.clip_ratio_high) == (3e-4, 4e-4)
     assert (spec.data.max_prompt_length, spec.rollout.max_new_tokens, spec.data.overlong_prompt) == (
@@ -329,8 +327,8 @@ def test_the_cli_prints_a_manifest_that_validates_and_lists_lost_knobs(tmp_path,
     assert cli.main(["validate", str(tmp_path / "job.yaml")]) == 0
     assert yaml.safe_load(out)["spec"]["data"]["train"][0] == "/home/me/data/gsm8k/train.parquet"
     lines = err.splitlines()
-    assert len(lines) == 4 and all(line.startswith("lost: ") for line in lines)
-    assert "lost: actor_rollout_ref.model.use_remove_padding=True: padding-free" in err
+    assert len(lines) == 2 and all(line.startswith("lost: ") for line in lines)
+    assert "lost: actor_rollout_ref.rollout.tensor_model_parallel_size=2: rollout tensor parallelism" in err
 
 
 def test_the_cli_refuses_a_lossy_conversion_unless_the_loss_is_accepted(tmp_path, capsys) -> None:
@@ -479,3 +477,39 @@ def test_each_roles_micro_batch_size_and_the_critics_checkpointing_are_carried()
     assert (spec.models.actor.forward_micro_batch_size, spec.models.reference.micro_batch_size) == (16, 32)
     assert (spec.models.critic.micro_batch_size, spec.models.critic.forward_micro_batch_size) == (4, None)
     assert spec.models.critic.gradient_checkpointing and spec.rollout.dtype == "float16"
+
+
+def test_offload_switches_become_fsdp2_offload_and_a_half_is_reported() -> None:
+    line = (
+        f"{MINIMAL} actor_rollout_ref.actor.fsdp_config.param_offload=True "
+        "critic.model.fsdp_config.offload_policy=True algorithm.adv_estimator=gae"
+    )
+    conversion = convert.convert(read_launch(line))
+    assert lost(conversion) == {"actor_rollout_ref.actor.fsdp_config.optimizer_offload": False} | VERL_TP
+    spec = parse_rljob(conversion.manifest).spec
+    assert spec.models.critic is not None
+    assert (spec.models.actor.offload.params, spec.models.actor.offload.optimizer) == (True, True)
+    assert (spec.models.critic.offload.params, spec.models.critic.offload.optimizer) == (True, True)
+
+
+def test_a_lora_actors_reference_offload_is_reported_not_carried() -> None:
+    line = f"{MINIMAL} actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.ref.fsdp_config.param_offload=True"
+    conversion = convert.convert(read_launch(line))
+    assert lost(conversion) == {"actor_rollout_ref.ref.fsdp_config.param_offload": False} | VERL_TP
+    assert "offload" not in conversion.manifest["spec"]["models"].get("reference", {})
+
+
+def test_a_token_budget_below_the_longest_sequence_is_raised_and_reported() -> None:
+    line = (
+        f"{MINIMAL} data.max_prompt_length=512 data.max_response_length=1024 "
+        "actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000 "
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False"
+    )
+    conversion = convert.convert(read_launch(line))
+    # the reference's budget follows the actor's (verl's default): raised too, reported once
+    assert lost(conversion) == {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": False} | VERL_TP
+    assert "sequence (maxPromptLength + maxNewTokens): 1536" in str(conversion.lost)
+    spec = parse_rljob(conversion.manifest).spec
+    assert spec.models.actor.max_tokens_per_micro_batch == 1536
+    assert spec.models.actor.forward_max_tokens_per_micro_batch is None  # its own switch is off
+    assert spec.models.reference is not None and spec.models.reference.max_tokens_per_micro_batch == 1536
