@@ -324,6 +324,8 @@ def _run(
             finally:
                 plot = reporter.close()
         exported = checkpointing.export(export_location(job, output_dir)) if job.spec.checkpoint.export_hf else None
+        if exported is not None:
+            publisher.report_exported_model(exported)  # status.exportedModel: where the user finds it
         return RunResult(output_dir, plan.total_steps, reporter.history, exported, plot)
     finally:
         trackers.close()
