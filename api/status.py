@@ -99,6 +99,12 @@ class RLJobStatus(KuberlModel):
     metrics: Metrics | None = Field(None, description="Latest training metrics, as the runtime reported them.")
     validation: Validation | None = Field(None, description="Latest validation scores, as the runtime reported them.")
     last_checkpoint: CheckpointRef | None = Field(None, description="The newest complete checkpoint.")
+    exported_model: str | None = Field(
+        None,
+        description="Where the trained model was exported in Hugging Face format (checkpoint.exportHf), as the "
+        "runtime reported it: `<checkpoint uri>/model` on an object store, the job's folder on its claim "
+        "(`/checkpoints/<namespace>/<name>/model`), else the output folder.",
+    )
 
 
 #: The key of the runtime's report in its ConfigMap.
@@ -112,6 +118,9 @@ class RuntimeReport(KuberlModel):
     metrics: Metrics = Field(default_factory=Metrics, description="The latest step's headline metrics.")
     validation: Validation | None = Field(None, description="The latest validation scores.")
     last_checkpoint: CheckpointRef | None = Field(None, description="The newest committed checkpoint.")
+    exported_model: str | None = Field(
+        None, max_length=4096, description="Where the final model was exported (checkpoint.exportHf), once it is."
+    )
     rayjob: str | None = Field(None, max_length=63, description="The RayJob whose run wrote this report.")
     configuration_error: str | None = Field(
         None,

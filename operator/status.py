@@ -145,6 +145,7 @@ class OperatorStatus:
     metrics: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
     last_checkpoint: dict[str, Any] | None = None
+    exported_model: str | None = None
 
     @classmethod
     def from_status(cls, status: dict[str, Any] | None) -> "OperatorStatus":
@@ -164,6 +165,7 @@ class OperatorStatus:
             metrics=status.get("metrics"),
             validation=status.get("validation"),
             last_checkpoint=status.get("lastCheckpoint"),
+            exported_model=status.get("exportedModel"),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -182,11 +184,13 @@ class OperatorStatus:
             "metrics": self.metrics,
             "validation": self.validation,
             "lastCheckpoint": self.last_checkpoint,
+            "exportedModel": self.exported_model,
         }
         return {key: value for key, value in full.items() if value is not None}
 
     def with_report(self, report: RuntimeReport) -> "OperatorStatus":
-        """The runtime's progress, metrics, validation and last checkpoint, validated; the rest stays the operator's."""
+        """The runtime's progress, metrics, validation, last checkpoint and exported model, validated; the rest
+        stays the operator's."""
         checkpoint = report.last_checkpoint.to_manifest() if report.last_checkpoint is not None else None
         validation = report.validation.to_manifest() if report.validation is not None else None
         return replace(
@@ -195,6 +199,7 @@ class OperatorStatus:
             metrics=report.metrics.to_manifest(),
             validation=validation or self.validation,
             last_checkpoint=checkpoint or self.last_checkpoint,
+            exported_model=report.exported_model or self.exported_model,
         )
 
     def with_condition(

@@ -12,7 +12,9 @@
    metrics port is set), saves when
    due (never after a NaN update), publishes the RLJob's status, stops the run after saving when SIGTERM
    arrived, and fails it (JobFailed, exit 70) when runtime/health.py says training cannot go on.
-5. The final checkpoint (the last step always saves) is exported as a Hugging Face model.
+5. The final checkpoint (the last step always saves) is exported as a Hugging Face model, beside the
+   checkpoints when they are on a claim or an object store (`export_location`): on a cluster the model
+   must outlive the pods.
 """
 
 import logging
@@ -36,6 +38,7 @@ from kuberl.runtime.environments.registry import EnvironmentConfigError
 from kuberl.runtime.health import JobFailed, RunHealth
 from kuberl.runtime.metrics import RunReporter
 from kuberl.runtime.models.resolve import ModelNotFoundError, default_cache_dir
+from kuberl.runtime.objectstore import is_remote
 from kuberl.runtime.plan import RunConfigError, RunPlan, make_plan
 from kuberl.runtime.rewards.functions import RewardConfigError
 from kuberl.runtime.rewards.pool import RewardPool
@@ -64,8 +67,13 @@ class RunResult:
     output_dir: Path
     steps: int
     history: list[dict[str, Any]]
-    model_dir: Path | None
+    model_uri: str | None  # the exported model: a folder, or an object-store URI (None: not exported)
     plot: Path | None
+
+    @property
+    def model_dir(self) -> Path | None:
+        """The exported model's folder when it is one on this machine's filesystem (or a mounted claim)."""
+        return Path(self.model_uri) if self.model_uri is not None and not is_remote(self.model_uri) else None
 
 
 class Preempted(Exception):
@@ -100,6 +108,18 @@ def checkpoint_uri(job: RLJob, output_dir: Path) -> str:
     if ckpt.pvc_claim_name:
         return str(job_folder_on_claim(job) / "checkpoints")
     return str(output_dir / "checkpoints")
+
+
+def export_location(job: RLJob, output_dir: Path) -> str:
+    """Where the final model is exported, so that it outlives the pods (rank 0's own disk does not): beside the
+    checkpoints on an object store (`<checkpoint uri>/model`), in the job's folder on its claim
+    (`<claim>/<namespace>/<name>/model`, where every pod mounts it), else in the output folder."""
+    checkpoints = checkpoint_uri(job, output_dir)
+    if is_remote(checkpoints):
+        return checkpoints.rstrip("/") + "/model"
+    if job.spec.checkpoint.pvc_claim_name:
+        return str(job_folder_on_claim(job) / "model")
+    return str(output_dir.resolve() / "model")  # absolute: rank 0 may run in another working directory
 
 
 def default_output_dir(job: RLJob) -> Path:
@@ -181,12 +201,14 @@ class Checkpointing:
         self.last_step, self.last_time = done, time.monotonic()
         self.last_save_seconds = self.last_time - started
 
-    def export(self, directory: Path) -> Path | None:
-        """The latest checkpoint's actor as a Hugging Face folder (the last step always saves, so it is final)."""
+    def export(self, destination: str) -> str | None:
+        """The latest checkpoint's actor as a Hugging Face folder at `destination`, a path or an object-store
+        URI (the last step always saves, so it is final); where it is, None without a checkpoint."""
         if self.latest is None or self.groups is None:
             return None
-        exported = self.groups.actor.call("export_hf", self.latest.uri, str(directory))
-        return Path(exported[0])
+        exported: str = self.groups.actor.call("export_hf", self.latest.uri, destination)[0]
+        log.info("exported the final model (step %d) as a Hugging Face model: %s", self.latest.step, exported)
+        return exported
 
 
 class StepRecorder:
@@ -321,8 +343,10 @@ def _run(
                 raise failure.with_checkpoint(checkpointing.latest) from None
             finally:
                 plot = reporter.close()
-        model_dir = checkpointing.export(output_dir / "model") if job.spec.checkpoint.export_hf else None
-        return RunResult(output_dir, plan.total_steps, reporter.history, model_dir, plot)
+        exported = checkpointing.export(export_location(job, output_dir)) if job.spec.checkpoint.export_hf else None
+        if exported is not None:
+            publisher.report_exported_model(exported)  # status.exportedModel: where the user finds it
+        return RunResult(output_dir, plan.total_steps, reporter.history, exported, plot)
     finally:
         trackers.close()
         if exporter is not None:

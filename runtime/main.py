@@ -58,8 +58,8 @@ def run_from_cli(args: RuntimeArgs) -> int:
     for line in learning_summary(result.history, job.spec.max_response_tokens):
         print(f"  {line}")
     print(f"  metrics: {output / 'metrics.jsonl'}  plot: {result.plot}  tensorboard: {output / 'tensorboard'}")
-    if result.model_dir:
-        print(f"  model: {result.model_dir}")
+    if result.model_uri:
+        print(f"  model: {result.model_uri}")
     return ExitCode.SUCCESS
 
 

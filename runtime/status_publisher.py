@@ -62,6 +62,7 @@ def apply_patch(
     *,
     rayjob: str | None = None,
     configuration_error: str | None = None,
+    exported_model: str | None = None,
 ) -> dict[str, Any]:
     """The server-side-apply body: the report ConfigMap's identity and the report, as JSON under REPORT_KEY.
 
@@ -77,6 +78,7 @@ def apply_patch(
             "last_checkpoint": last_checkpoint,
             "validation": validation,
             "rayjob": rayjob,
+            "exported_model": exported_model,
             "configuration_error": configuration_error[:4096] if configuration_error else None,
         }
     )
@@ -119,6 +121,9 @@ class StatusPublisher:
 
     def report_configuration_error(self, message: str) -> None:
         """Add to the report that the job cannot run as specified (the operator then fails it without a restart)."""
+
+    def report_exported_model(self, uri: str) -> None:
+        """Add to the report where the final model was exported (status.exportedModel)."""
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is still pending (best effort, at most `timeout` seconds) and stop."""
@@ -170,6 +175,7 @@ class KubernetesStatusPublisher(StatusPublisher):
         self.min_interval, self.log_interval, self.request_timeout = min_interval, log_interval, request_timeout
         self._pending: dict[str, Any] | None = None
         self._validation: Mapping[str, Any] | None = None
+        self._exported_model: str | None = None
         self._wake = threading.Condition()
         self._closing = False
         self._last_sent = -float("inf")
@@ -193,6 +199,10 @@ class KubernetesStatusPublisher(StatusPublisher):
     def report_configuration_error(self, message: str) -> None:
         self._hand_over(configuration_error=message)
 
+    def report_exported_model(self, uri: str) -> None:
+        self._exported_model = uri
+        self._hand_over()
+
     def _hand_over(self, configuration_error: str | None = None) -> None:
         progress, metrics, last_checkpoint = self._values
         try:
@@ -205,6 +215,7 @@ class KubernetesStatusPublisher(StatusPublisher):
                 self._validation,
                 rayjob=self.rayjob,
                 configuration_error=configuration_error,
+                exported_model=self._exported_model,
             )
         except ValueError as error:  # a caller's bug, reported like a failed request: training goes on
             self._report_failure(f"invalid status values: {error}")

@@ -1,18 +1,27 @@
 """A checkpoint's actor as a Hugging Face model folder, ready for vLLM or transformers.
 
     export_hf("ckpts/step-000100", "/models/base", "runs/job/model")
+    export_hf("s3://bucket/job/step-000100", "/models/base", "s3://bucket/job/model")
 
 The model is built from the base model's config (random init, then overwritten), in the dtype
 the checkpoint holds, and DCP loads the actor's shards into it in this one process, without a
 process group: DCP reshards whatever world size wrote them to a single full copy. Only the
-weights are read; the optimizer state in the same files is left on disk. The folder is written
-beside its target and renamed into place, so a crash never leaves a half model that looks whole.
+weights are read; the optimizer state in the same files is left on disk.
+
+The target is a folder (on a claim, or the local output) or an object-store URI: on a cluster the
+model must outlive the pod that writes it. `staged_folder` gives the writer a local folder and then
+publishes it, so a crash never leaves a half model that looks whole: locally the folder is written
+beside its target and renamed into place; on an object store, which cannot rename, the files that
+make a folder a model (config.json, adapter_config.json) are uploaded last, so a reader that finds
+them (runtime/models/resolve.py) finds every other file too.
 """
 
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -20,11 +29,13 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from kuberl.runtime.checkpoint.state import dcp_reader, restore_tied, tied_aliases
-from kuberl.runtime.checkpoint.storage import Location
+from kuberl.runtime.checkpoint.storage import Location, is_remote
 
 log = logging.getLogger(__name__)
 
 MODEL_PREFIX = "model."  # state.py saves {"model": <model state dict>, "optimizer": ...}
+#: The files whose presence says a folder holds a whole model (or adapter): published last.
+COMPLETING_FILES = ("config.json", "adapter_config.json")
 
 
 def checkpoint_dtype(metadata: Metadata) -> torch.dtype:
@@ -37,8 +48,9 @@ def checkpoint_dtype(metadata: Metadata) -> torch.dtype:
 
 def export_hf(
     checkpoint_dir: str, base_model_path: str, out_dir: str, name: str = "actor", tokenizer_path: str | None = None
-) -> Path:
-    """Write <checkpoint_dir>/<name> as a Hugging Face causal-LM folder at out_dir; returns out_dir.
+) -> str:
+    """Write <checkpoint_dir>/<name> as a Hugging Face causal-LM folder at out_dir (a path or an object-store
+    URI); returns out_dir.
 
     The tokenizer comes from `tokenizer_path` (spec.models.actor.tokenizer), else from the base model."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -59,19 +71,42 @@ def export_hf(
     dcp_load(state, storage_reader=dcp_reader(source.uri), no_dist=True)
     model.load_state_dict(restore_tied(model, state["model"]), strict=True)
 
-    target = Path(out_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with staged_folder(out_dir) as staging:
         model.save_pretrained(staging)
         _copy_tokenizer(base_model_path, tokenizer_path or base_model_path, staging)
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(staging, target)
+    log.info("exported %s as a Hugging Face model: %s", source.uri, out_dir)
+    return out_dir
+
+
+@contextmanager
+def staged_folder(target: str) -> Iterator[Path]:
+    """A local folder to write a model into, published at `target` (a path or an object-store URI), replacing
+    what was there, when the block ends without an error; removed either way."""
+    if is_remote(target):
+        staging = Path(tempfile.mkdtemp(prefix="kuberl-export-"))
+    else:  # beside the target, on its filesystem: the rename is then atomic
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{Path(target).name}.tmp-", dir=Path(target).parent))
+    try:
+        yield staging
+        publish_folder(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("exported %s as a Hugging Face model: %s", source.uri, target)
-    return target
+
+
+def publish_folder(staging: Path, target: str) -> None:
+    """Replace `target` with the complete local folder `staging`: by a rename (staging beside it), or on an
+    object store by an upload whose COMPLETING_FILES go last."""
+    if not is_remote(target):
+        if Path(target).exists():
+            shutil.rmtree(target)
+        os.rename(staging, target)
+        return
+    destination = Location(target)
+    destination.remove()
+    files = sorted(path for path in staging.rglob("*") if path.is_file())
+    for file in sorted(files, key=lambda path: path.name in COMPLETING_FILES):  # stable: the rest keep their order
+        destination.fs.put_file(str(file), destination.child(*file.relative_to(staging).parts).path)
 
 
 def _copy_tokenizer(base_model_path: str, tokenizer_path: str, folder: Path) -> None:

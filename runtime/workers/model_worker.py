@@ -13,6 +13,7 @@ adapters switched off instead of a second copy of the weights.
 import os
 import socket
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -305,7 +306,8 @@ class ModelWorker:
 
 def export_lora_actor(worker: ModelWorker, directory: str, source_path: str) -> str | None:
     """The LoRA actor's adapter as a PEFT folder, and with lora.exportMerged the merged model at
-    <directory>-merged: every rank gathers the adapter, rank 0 writes."""
+    <directory>-merged (paths or object-store URIs): every rank gathers the adapter, rank 0 writes."""
+    from kuberl.runtime.checkpoint.export import staged_folder
     from kuberl.runtime.models.lora import save_adapter
 
     assert worker.job is not None
@@ -314,9 +316,11 @@ def export_lora_actor(worker: ModelWorker, directory: str, source_path: str) -> 
     adapter = [(name, t.detach().cpu().clone()) for name, t in sync_payload(worker.trainers["actor"], "adapter")]
     if worker.rank != 0:
         return None
-    merged = f"{directory}-merged" if lora.export_merged else None
-    save_adapter(adapter, lora, source_path, directory, merged)
-    for folder in (directory, merged):
-        if folder is not None:
-            worker.tokenizer.save_pretrained(folder)
+    with ExitStack() as published:  # both folders are published once both are written
+        folder = published.enter_context(staged_folder(directory))
+        merged = published.enter_context(staged_folder(f"{directory}-merged")) if lora.export_merged else None
+        save_adapter(adapter, lora, source_path, str(folder), str(merged) if merged is not None else None)
+        for written in (folder, merged):
+            if written is not None:
+                worker.tokenizer.save_pretrained(written)
     return directory

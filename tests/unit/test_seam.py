@@ -33,7 +33,8 @@ from kuberl.operator.settings import OperatorSettings
 from kuberl.runtime import main as runtime_main
 from kuberl.runtime import plan as runtime_plan
 from kuberl.runtime.checkpoint.policy import Start, start_from
-from kuberl.runtime.driver import checkpoint_uri, default_output_dir
+from kuberl.runtime.driver import checkpoint_uri, default_output_dir, export_location
+from kuberl.runtime.objectstore import is_remote
 from kuberl.runtime.status_publisher import report_target
 from kuberl.runtime.workers.group import ray_actor_options
 from tests.conftest import REPO
@@ -224,6 +225,26 @@ def test_a_checkpoint_claim_is_mounted_where_the_runtime_saves_in_every_pod(exam
         mounted = [m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m["name"] in claims]
         for folder in (root, output):
             assert any(folder.startswith(path + "/") for path in mounted), (group, folder)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_the_exported_model_goes_where_it_outlives_the_actors_pods(example: Path):
+    made = operator_makes(example)
+    seen = runtime_sees(made)
+    output = Path(seen.args.output) if seen.args.output else default_output_dir(seen.job)
+    model = export_location(seen.job, output)  # actor rank 0 writes it, in a pod KubeRay deletes afterwards
+    if is_remote(model):
+        return
+    if seen.job.spec.checkpoint.pvc_claim_name is None:
+        pytest.skip(
+            "neither a claim nor an object store: the model would stay on rank 0's disk (issue #12: on "
+            "Kubernetes the webhook is to require one of them)"
+        )
+    (actor,) = [group for group in worker_specs(made.rayjob) if group["groupName"] == "actor"]
+    spec = actor["template"]["spec"]
+    claims = {v["name"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
+    mounted = [m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m["name"] in claims]
+    assert any(model.startswith(path + "/") for path in mounted), (example.name, model, mounted)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)

@@ -5,9 +5,11 @@ model cache: a folder the driver built or downloaded models into does not exist 
 the driver gets a cache of its own ($KUBERL_CACHE, read when it plans), which is deleted as soon as
 the plan is made, as if the head's disk were out of the workers' reach; the workers (the session
 Ray's processes) keep the cache they were started with. A run that sent the driver's folders to the
-workers fails at setup; one that sends locations runs and exports.
+workers fails at setup; one that sends locations runs and exports, and its report (the RLJob's
+status.exportedModel) says where the model is.
 """
 
+import json
 import shutil
 from pathlib import Path
 
@@ -16,10 +18,13 @@ import ray
 from transformers import AutoModelForCausalLM
 
 from kuberl.api.contract import CACHE_ENV
+from kuberl.api.status import REPORT_KEY
 from kuberl.runtime import driver
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.models.resolve import default_cache_dir
+from kuberl.runtime.status_publisher import KubernetesStatusPublisher, StatusPublisher
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
+from tests.unit.runtime.test_checkpoint_store import RecordingApiServer
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +43,12 @@ def test_workers_load_models_from_their_own_cache_not_the_drivers(ray_session, t
         return plan
 
     monkeypatch.setattr(driver, "make_plan", plan_then_lose_the_heads_cache)
+    api_server = RecordingApiServer()  # what the head pod's status publisher would apply to the job's ConfigMap
+
+    def in_the_head_pod(*, rayjob: str | None = None) -> StatusPublisher:
+        return KubernetesStatusPublisher("tiny-grpo", "rl", api_server.url, None, None, min_interval=0.0)
+
+    monkeypatch.setattr(StatusPublisher, "from_environment", staticmethod(in_the_head_pod))
     job = demo_job(
         **{
             "models.actor.path": "tiny://demo",
@@ -49,8 +60,13 @@ def test_workers_load_models_from_their_own_cache_not_the_drivers(ray_session, t
             "checkpoint": {"intervalSteps": 2, "exportHf": True},
         }
     )
-    result = run_job(job, tmp_path / "run", demo_base_dir(), progress=False)
+    try:
+        result = run_job(job, tmp_path / "run", demo_base_dir(), progress=False)
+    finally:
+        api_server.close()
     assert [record["step"] for record in result.history] == [1, 2]
     assert not driver_cache.exists()
     assert result.model_dir is not None
     assert AutoModelForCausalLM.from_pretrained(result.model_dir).num_parameters() > 0
+    last_report = json.loads(api_server.requests[-1]["body"]["data"][REPORT_KEY])
+    assert last_report["exportedModel"] == result.model_uri == str(tmp_path / "run" / "model")

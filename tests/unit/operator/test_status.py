@@ -123,3 +123,13 @@ def test_a_report_that_is_missing_not_json_or_invalid_is_no_report():
     assert read_report({"data": {"report.json": "{not json"}}) is None
     assert read_report({"data": {"report.json": '{"progress": {"step": "many"}}'}}) is None
     assert read_report({"data": {"report.json": '{"progress": {"step": 2}}'}}).progress.step == 2
+
+
+def test_the_exported_model_the_runtime_reports_reaches_the_status_and_stays() -> None:
+    report = read_report({"data": {"report.json": '{"exportedModel": "s3://bucket/jobs/grpo/model"}'}})
+    status = OperatorStatus(phase=Phase.RUNNING).with_report(report)
+    assert status.to_status()["exportedModel"] == "s3://bucket/jobs/grpo/model"
+    later = read_report({"data": {"report.json": '{"progress": {"step": 2}}'}})  # a restarted run's first report
+    assert OperatorStatus.from_status(status.to_status()).with_report(later).exported_model == (
+        "s3://bucket/jobs/grpo/model"
+    )
