@@ -282,6 +282,7 @@ class AsyncController(Controller):
     def run(self, start_step: int, on_step: Callable[[StepResult], None]) -> None:
         if start_step > 0:  # the pool starts from the initial model; the resumed weights are newer
             self.load_pool(self.publish_weights(), start_step)
+            self.weight_version = start_step
         producer = AsyncRollout(
             ControllerPool(self),
             start_step=start_step,
