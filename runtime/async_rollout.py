@@ -305,6 +305,13 @@ class AsyncController(Controller):
                     result.metrics["time/validation"] = time.perf_counter() - started
                 on_step(result)
 
+    def train(self, generated: Generated) -> StepResult:
+        result = super().train(generated)
+        if generated.batch is None:  # dynamic sampling left nothing to train: the same weights go out as the
+            # next version, or the producer would wait forever for a version the trainer never publishes
+            result.metrics.update(self.sync(None, generated.step + 1))
+        return result
+
     def sync(self, batch: Any, version: int) -> dict[str, float]:
         """The new weights published for the producer, which loads them between two generations."""
         assert self.producer is not None
