@@ -20,9 +20,9 @@ Printed per configuration (medians over every step but the first of all rounds):
 steps/s, generated tokens per wall second, the per-stage split (time/rollout and time/reward on the pool's
 side; time/reference .. time/sync on the trainer's), the idle fractions of each side (async rows), peak
 memory (summed RSS of the run's process tree, sampled every 2 s), the mean reward of the first and the
-last 3 steps, and the wall time from the first step's end to the first step whose 3-step mean reward
-reaches --target. Then each row's steps/s against sync-colocated's. A PNG of reward against wall-clock
-time for every configuration is written next to the output folder (reward_vs_time.png).
+last 3 steps, and the wall time from the first step's end (and the steps) to the first step whose
+3-step mean reward reaches --target. Then each row's steps/s against sync-colocated's. A PNG of reward
+against wall-clock time for every configuration is written next to the output folder (reward_vs_time.png).
 
 TRL is not in this comparison yet (it is not installed in the project's environment; bench/vs_trl.py
 measures it against the synchronous loop).
@@ -103,6 +103,7 @@ def tree_rss(pid: int) -> float:
 
 
 def run_one(name: str, steps: int, folder: Path) -> Run:
+    folder.mkdir(parents=True, exist_ok=True)
     job = folder / f"{name}.yaml"
     job.write_text(yaml.safe_dump(job_manifest(name, steps)))
     output = folder / name
@@ -143,11 +144,12 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def time_to_target(run: Run, target: float) -> float | None:
+def target_step(run: Run, target: float) -> int | None:
+    """The index of the first step whose 3-step mean reward (it and the two before) reaches `target`."""
     rewards = [record["reward/mean"] for record in run.records]
     for i in range(2, len(rewards)):
         if statistics.fmean(rewards[i - 2 : i + 1]) >= target:
-            return run.ends[i] - run.ends[0]
+            return i
     return None
 
 
@@ -168,8 +170,12 @@ def summarise(runs: list[Run], target: float) -> dict[str, float | None]:
     for key in ("async/rollout_idle_fraction", "async/trainer_idle_fraction", "async/staleness_mean"):
         values = [r[key] for run in runs for r in run.records[1:] if key in r]
         row[key] = median(values) if values else None
-    reached = [time_to_target(run, target) for run in runs]
-    row["to_target_s"] = None if any(t is None for t in reached) else statistics.fmean(t for t in reached if t)
+    reached = [target_step(run, target) for run in runs]
+    row["to_target_s"] = row["to_target_steps"] = None
+    if all(i is not None for i in reached):
+        pairs = zip(runs, reached, strict=True)
+        row["to_target_s"] = statistics.fmean(run.ends[i] - run.ends[0] for run, i in pairs if i)
+        row["to_target_steps"] = statistics.fmean(i + 1 for i in reached if i)
     return row
 
 
@@ -214,11 +220,13 @@ def main() -> int:
     rows = {name: summarise(repeats, args.target) for name, repeats in runs.items()}
     base = rows[args.configs[0]]["steps_per_s"]
     print(f"\n{args.steps} steps x {args.rounds} round(s); target reward {args.target} (3-step mean)")
-    header = "| config | s/step | steps/s | vs first | tok/s | to target s | reward start | end | peak GiB |"
+    header = "| config | s/step | steps/s | vs first | tok/s | to target s | steps | reward start | end | peak GiB |"
     print(header)
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, row in rows.items():
-        to_target = "not reached" if row["to_target_s"] is None else f"{row['to_target_s']:.1f}"
+        to_target = "not reached | -"
+        if row["to_target_s"] is not None:
+            to_target = f"{row['to_target_s']:.1f} | {row['to_target_steps']:.1f}"
         assert base is not None and row["steps_per_s"] is not None
         print(
             f"| {name} | {row['wall_s']:.2f} | {row['steps_per_s']:.2f} | {row['steps_per_s'] / base:.2f}x | "
