@@ -3,6 +3,7 @@
     .venv/bin/python bench/vs_trl.py                       # 6 steps, 2 rounds (needs `pip install -e '.[bench]'`)
     .venv/bin/python bench/vs_trl.py --quick               # 2 steps, 1 round: a smoke test
     .venv/bin/python bench/vs_trl.py --kuberl-engines hf --trl-modes hf --repeats 1
+    .venv/bin/python bench/vs_trl.py --kuberl-engines hf --trl-modes hf --staleness 0 1 2   # + asynchronous rows
 
 The job (identical for both): the tiny://small model (~25M-parameter Llama, random weights, built
 locally by `kuberl.runtime.models.tiny`), prompts from examples/data/tiny-task.jsonl, reward
@@ -122,11 +123,15 @@ class Config:
     ranks: int = 1  # kuberl actor ranks (TRL: always one process)
     cpus: float = 2.0  # CPUs per rank = torch threads per rank
     precision: str = "fp32"  # training compute: fp32, or bf16 autocast with fp32 weights (both frameworks)
+    staleness: int | None = None  # kuberl: a separate rollout replica of `cpus` CPUs beside the actor's ranks,
+    #                               with rollout.maxStaleness this (None: the engine colocated in the actor)
 
     @property
     def label(self) -> str:
         if self.framework == "trl":
             return f"TRL {self.engine} {self.precision}"
+        if self.staleness is not None:
+            return f"kuberl {self.engine} {self.ranks}+1x{self.cpus:g}cpu k={self.staleness} {self.precision}"
         return f"kuberl {self.engine} {self.ranks}x{self.cpus:g}cpu {self.precision}"
 
 
@@ -155,6 +160,16 @@ def kuberl_manifest(work: Workload, config: Config) -> dict[str, Any]:
         rollout["kvCacheBytes"] = work.kv_cache_bytes
     if config.engine == "vllm" and work.device == "cuda":
         rollout["gpuMemoryUtilization"] = work.gpu_memory_utilization
+    algorithm_extra: dict[str, Any] = {}
+    resources: dict[str, Any] = {
+        "actor": {"replicas": config.ranks, "cpus": config.cpus, "gpus": 1 if work.device == "cuda" else 0}
+    }
+    if config.staleness is not None:  # asynchronous rows: the rollout on a replica of its own
+        rollout.update(placement="separate", maxStaleness=config.staleness)
+        resources["rollout"] = {"replicas": 1, "cpus": config.cpus, "gpus": 1 if work.device == "cuda" else 0}
+        # the rules ask for an off-policy correction with k >= 1: decoupled PPO's truncated weight (it costs
+        # the old log-prob forward that one PPO epoch over one mini-batch otherwise saves)
+        algorithm_extra["rolloutCorrection"] = {"importanceSampling": "token"}
     return {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
@@ -171,6 +186,7 @@ def kuberl_manifest(work: Workload, config: Config) -> dict[str, Any]:
                 "lossAggregation": "seq_mean_token_mean",
                 "ppoEpochs": 1,
                 "kl": {"coef": work.kl_coef, "estimator": "k3", "placement": "loss"},
+                **algorithm_extra,
             },
             "models": {
                 "actor": {
@@ -189,9 +205,7 @@ def kuberl_manifest(work: Workload, config: Config) -> dict[str, Any]:
                 "microBatchSize": work.micro_batch,
                 "computeDtype": "bfloat16" if config.precision == "bf16" else "float32",
             },
-            "resources": {
-                "actor": {"replicas": config.ranks, "cpus": config.cpus, "gpus": 1 if work.device == "cuda" else 0}
-            },
+            "resources": resources,
             "checkpoint": {"intervalSteps": None, "resume": False, "exportHf": False, "saveOnPreemption": True},
         },
     }
@@ -217,10 +231,12 @@ def run_kuberl_child(work: Workload, config: Config) -> ChildResult:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from kuberl.api import parse_rljob
     from kuberl.runtime import controller as controller_module
+    from kuberl.runtime.async_rollout import AsyncController
     from kuberl.runtime.driver import run_job
 
     ends: list[tuple[float, float, float]] = []  # (start, end, tree CPU seconds at the end) per step
     inner_step = controller_module.Controller.step
+    inner_train = AsyncController.train
 
     def timed_step(self: Any, step: int) -> Any:
         started = time.perf_counter()
@@ -228,7 +244,14 @@ def run_kuberl_child(work: Workload, config: Config) -> ChildResult:
         ends.append((started, time.perf_counter(), tree_cpu_seconds()))
         return result
 
+    def timed_train(self: Any, generated: Any) -> Any:  # the asynchronous rows: a step ends when its update does
+        started = time.perf_counter()
+        result = inner_train(self, generated)
+        ends.append((started, time.perf_counter(), tree_cpu_seconds()))
+        return result
+
     controller_module.Controller.step = timed_step
+    AsyncController.train = timed_train
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vs-trl-kuberl-") as out:
         run = run_job(parse_rljob(kuberl_manifest(work, config)), Path(out), REPO / "examples", progress=False)
@@ -651,6 +674,8 @@ def configurations(args: argparse.Namespace) -> list[Config]:
             order += kuberl[index : index + 1] + trl[index : index + 1]
     if args.two_ranks and args.kuberl_engines:
         order.append(Config("kuberl", args.kuberl_engines[0], 2, threads / 2, args.precisions[0]))
+    for staleness in args.staleness:  # 1 actor rank and 1 rollout replica, half the CPUs each
+        order.append(Config("kuberl", args.kuberl_engines[0], 1, threads / 2, args.precisions[0], staleness))
     return order
 
 
@@ -696,6 +721,14 @@ def parse_args() -> argparse.Namespace:
         "--precisions", type=precisions, default=["fp32", "bf16"], help="training compute, comma-separated: fp32,bf16"
     )
     parser.add_argument("--no-two-ranks", dest="two_ranks", action="store_false", help="skip kuberl 2 ranks x 1 CPU")
+    parser.add_argument(
+        "--staleness",
+        type=int,
+        nargs="*",
+        default=[],
+        help="kuberl rows with a separate rollout replica and rollout.maxStaleness each of these (0: synchronous), "
+        "the trainer and the replica on --threads / 2 CPUs each",
+    )
     parser.add_argument("--json", type=Path, help="also write every run's raw figures here")
     parser.add_argument("--report", type=Path, help="print the table of the runs in this child-log folder, run none")
     parser.add_argument("--child", help=argparse.SUPPRESS)

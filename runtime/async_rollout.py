@@ -282,6 +282,7 @@ class AsyncController(Controller):
     def run(self, start_step: int, on_step: Callable[[StepResult], None]) -> None:
         if start_step > 0:  # the pool starts from the initial model; the resumed weights are newer
             self.load_pool(self.publish_weights(), start_step)
+            self.weight_version = start_step
         producer = AsyncRollout(
             ControllerPool(self),
             start_step=start_step,
@@ -303,6 +304,13 @@ class AsyncController(Controller):
                         result.metrics.update(self.validate(step))
                     result.metrics["time/validation"] = time.perf_counter() - started
                 on_step(result)
+
+    def train(self, generated: Generated) -> StepResult:
+        result = super().train(generated)
+        if generated.batch is None:  # dynamic sampling left nothing to train: the same weights go out as the
+            # next version, or the producer would wait forever for a version the trainer never publishes
+            result.metrics.update(self.sync(None, generated.step + 1))
+        return result
 
     def sync(self, batch: Any, version: int) -> dict[str, float]:
         """The new weights published for the producer, which loads them between two generations."""

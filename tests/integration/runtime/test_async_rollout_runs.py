@@ -16,12 +16,13 @@ import pytest
 
 from kuberl.runtime import driver
 from kuberl.runtime.async_rollout import AsyncController
-from kuberl.runtime.controller import Controller, Generated, StepResult
+from kuberl.runtime.controller import Generated, StepResult
 from kuberl.runtime.driver import Preempted, run_job
 from kuberl.runtime.telemetry import STALENESS_MAX, STALENESS_MEAN, TRAINER_IDLE_FRACTION
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ASYNC_TRAIN = AsyncController.train  # before any test wraps it
 STEPS = 4
 SEPARATE = {  # one actor rank and one rollout replica: the fewest processes that keep the pool separate
     "resources.actor": {"replicas": 1, "cpus": 0.5},
@@ -57,7 +58,7 @@ class TrainedSteps:
         self.steps: list[int] = []
         self.ids: dict[int, list[int]] = {}
         self.versions: dict[int, list[int]] = {}
-        original = Controller.train  # AsyncController's own: it trains as the synchronous loop does
+        original = ASYNC_TRAIN
         recorder = self
 
         def train(controller: AsyncController, generated: Generated) -> StepResult:

@@ -55,6 +55,8 @@ def test_status_metrics_come_from_the_step_record_keys_telemetry_names():
         "throughput/rollout_tokens_per_second": 900.0,
         "throughput/update_tokens_per_second": 300.0,
         "reward/pool_size": 2.0,
+        "async/staleness_max": 1.0,
+        "async/staleness_mean": 0.75,
     }
     assert status_metrics(record) == {
         "rewardMean": 0.9,
@@ -62,6 +64,7 @@ def test_status_metrics_come_from_the_step_record_keys_telemetry_names():
         "responseLength": 4.0,
         "tokensPerSecond": 900.0,
         "rewardWorkers": 2,
+        "stalenessMax": 1,
     }
     assert status_fields({"time/step": 1.0}) == {}
 
