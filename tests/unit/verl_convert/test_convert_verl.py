@@ -328,7 +328,9 @@ def test_the_cli_prints_a_manifest_that_validates_and_lists_lost_knobs(tmp_path,
     assert yaml.safe_load(out)["spec"]["data"]["train"][0] == "/home/me/data/gsm8k/train.parquet"
     lines = err.splitlines()
     assert len(lines) == 2 and all(line.startswith("lost: ") for line in lines)
-    assert "lost: actor_rollout_ref.rollout.tensor_model_parallel_size=2: rollout tensor parallelism" in err
+    assert (
+        "lost: actor_rollout_ref.rollout.tensor_model_parallel_size=2: the converted job's engine is colocated" in err
+    )
 
 
 def test_the_cli_refuses_a_lossy_conversion_unless_the_loss_is_accepted(tmp_path, capsys) -> None:
