@@ -8,7 +8,7 @@ compute is spent.
 The plan carries each model's *location* as the manifest names it (`ModelLocation`: tiny://, hf://,
 s3://, or an absolute path), never a folder of the driver's: on a cluster each worker is a pod of its
 own, so every worker resolves the models it loads on its own node (runtime/models/resolve.py). The
-driver resolves only what it reads itself, the actor's tokenizer and config.
+driver fetches only what it reads itself, the actor's tokenizer and config, not the weights.
 """
 
 import json
@@ -107,10 +107,10 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
     topology = plan_topology(job.spec)
     spec = job.spec
     locations, tokenizer_at = model_locations(job, base_dir), tokenizer_location(job, base_dir)
-    # The driver reads the actor's config and tokenizer itself; the other models only have to be resolvable
-    # (a bad location fails here, naming its field), and each worker resolves them on its own node.
-    actor_path = str(locations["actor"].resolve(cache_dir))
-    tokenizer_path = str(tokenizer_at.resolve(cache_dir))
+    # The driver reads the actor's config and tokenizer itself (not its weights); the other models only have to
+    # be resolvable (a bad location fails here, naming its field), and each worker resolves them on its node.
+    actor_path = str(locations["actor"].resolve_metadata(cache_dir))
+    tokenizer_path = str(tokenizer_at.resolve_metadata(cache_dir))
     for role, location in locations.items():
         if role != "actor":
             location.check(cache_dir)

@@ -17,9 +17,11 @@ killed mid-download leaves no stale lock behind.
 """
 
 import fcntl
+import fnmatch
 import hashlib
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -32,6 +34,9 @@ from kuberl.api.contract import CACHE_ENV
 from kuberl.runtime.models.tiny import BUILDER_VERSION, TINY_MODELS, build_tiny_model
 
 log = logging.getLogger(__name__)
+
+#: A model's files that are not weights: its config, tokenizer, chat template, generation config.
+METADATA_FILES = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja")
 
 
 class ModelNotFoundError(ValueError):
@@ -62,6 +67,10 @@ class ModelLocation:
         """A local folder holding the model on this node (built, downloaded, or used in place), in `cache_dir`
         (default: this process's default_cache_dir())."""
         return resolve_model_path(self.uri, cache_dir or default_cache_dir(), self.field)
+
+    def resolve_metadata(self, cache_dir: Path | None = None) -> Path:
+        """A local folder with the model's config and tokenizer, without its weights (resolve_model_metadata)."""
+        return resolve_model_metadata(self.uri, cache_dir or default_cache_dir(), self.field)
 
     def check(self, cache_dir: Path | None = None) -> None:
         """Raises ModelNotFoundError, naming the field, when this location cannot be resolved; fetches no weights
@@ -154,10 +163,11 @@ def _hub(repo_id: str, field: str) -> Any:
     return huggingface_hub
 
 
-def _resolve_hub(repo_id: str, cache_dir: Path, field: str) -> Path:
+def _resolve_hub(repo_id: str, cache_dir: Path, field: str, patterns: tuple[str, ...] | None = None) -> Path:
     hub = _hub(repo_id, field)
+    wanted = list(patterns) if patterns is not None else None
     try:
-        return Path(hub.snapshot_download(repo_id=repo_id, cache_dir=str(cache_dir / "hf")))
+        return Path(hub.snapshot_download(repo_id=repo_id, cache_dir=str(cache_dir / "hf"), allow_patterns=wanted))
     except Exception as error:  # network, auth, missing repo: all mean "not from the hub, here"
         raise ModelNotFoundError(
             f"{field}: cannot download hf://{repo_id} ({type(error).__name__}: {error}); the hub is unreachable "
@@ -190,12 +200,21 @@ def _unreadable(uri: str, field: str, error: Exception) -> ModelNotFoundError:
     )
 
 
-def _resolve_object_store(uri: str, cache_dir: Path, field: str) -> Path:
+def _resolve_object_store(uri: str, cache_dir: Path, field: str, patterns: tuple[str, ...] | None = None) -> Path:
+    """The folder at `uri` copied into `cache_dir`; with `patterns`, only the files whose names match them."""
     scheme, _, key = uri.partition("://")
     filesystem, root = _object_store(uri, field)
+    root = root.rstrip("/") + "/"
 
     def download(staging: Path) -> None:
-        filesystem.get(root.rstrip("/") + "/", str(staging), recursive=True)
+        if patterns is None:
+            filesystem.get(root, str(staging), recursive=True)
+        else:
+            for remote in filesystem.find(root):
+                relative = remote[len(root) :]
+                if any(fnmatch.fnmatch(posixpath.basename(relative), pattern) for pattern in patterns):
+                    (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+                    filesystem.get_file(remote, str(staging / relative))
         if not (staging / "config.json").is_file():
             raise _not_a_model(uri, field)
 
@@ -241,6 +260,17 @@ def _check_object_store(uri: str, field: str) -> None:
         raise _unreadable(uri, field, error) from error
     if not found:
         raise _not_a_model(uri, field)
+
+
+def resolve_model_metadata(path: str, cache_dir: Path, field: str) -> Path:
+    """A local folder with the config and tokenizer of the model at `path`, without its weights: what the driver
+    reads (a head pod need not hold a copy of every model). tiny:// is built whole (it is small); a local
+    folder is used in place; hf:// and s3:// fetch only METADATA_FILES (s3:// into <cache>/metadata/)."""
+    if path.startswith("hf://"):
+        return _resolve_hub(path.removeprefix("hf://"), cache_dir, field, METADATA_FILES)
+    if path.startswith(("s3://", "gs://")):
+        return _resolve_object_store(path, cache_dir / "metadata", field, METADATA_FILES)
+    return resolve_model_path(path, cache_dir, field)
 
 
 def resolve_model_path(path: str, cache_dir: Path, field: str) -> Path:

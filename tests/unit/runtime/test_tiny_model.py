@@ -12,7 +12,13 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from kuberl.runtime.models import resolve as resolve_module
 from kuberl.runtime.models.pretrain import PretrainingSpec, corpus_batches, learning_rate, pretrain, token_batch
-from kuberl.runtime.models.resolve import ModelNotFoundError, check_model_location, resolve_model_path, tiny_model_dir
+from kuberl.runtime.models.resolve import (
+    ModelNotFoundError,
+    check_model_location,
+    resolve_model_metadata,
+    resolve_model_path,
+    tiny_model_dir,
+)
 from kuberl.runtime.models.tiny import TINY_MODELS, build_tiny_model, llama_config
 from kuberl.runtime.rewards.builtin import tiny_task
 
@@ -342,20 +348,25 @@ def test_s3_without_s3fs_says_what_to_install(tmp_path: Path) -> None:
         resolve_model_path("s3://bucket/model", tmp_path, "spec.reward.model.path")
 
 
-def test_object_store_model_is_copied_into_the_cache(tmp_path: Path, demo_dir: Path, monkeypatch) -> None:
+@pytest.fixture
+def memory_s3(monkeypatch: pytest.MonkeyPatch):
+    """memory:// standing in for s3://: the same fsspec calls, no credentials, no network. Emptied afterwards."""
     fsspec = pytest.importorskip("fsspec")
-    # memory:// stands in for s3://: the same fsspec calls, no credentials, no network.
     memory = fsspec.filesystem("memory")
-    for file in demo_dir.iterdir():
-        memory.pipe(f"/bucket/demo/{file.name}", file.read_bytes())
     real_url_to_fs = fsspec.core.url_to_fs
     monkeypatch.setattr(
         fsspec.core, "url_to_fs", lambda uri, **options: real_url_to_fs(uri.replace("s3://", "memory://"), **options)
     )
+    yield memory
+    memory.rm("/", recursive=True)
+
+
+def test_object_store_model_is_copied_into_the_cache(tmp_path: Path, demo_dir: Path, memory_s3) -> None:
+    for file in demo_dir.iterdir():
+        memory_s3.pipe(f"/bucket/demo/{file.name}", file.read_bytes())
     folder = resolve_model_path("s3://bucket/demo", tmp_path, FIELD)
     assert folder == tmp_path / "s3" / "bucket" / "demo"
     assert sha256(folder / "model.safetensors") == sha256(demo_dir / "model.safetensors")
-    memory.rm("/bucket", recursive=True)
 
 
 def test_each_tiny_model_has_its_own_cache_folder(tmp_path: Path) -> None:
@@ -373,21 +384,14 @@ def test_checking_a_tiny_model_builds_nothing(tmp_path: Path) -> None:
 
 
 def test_checking_an_object_store_model_reads_only_whether_it_has_a_config(
-    tmp_path: Path, demo_dir: Path, monkeypatch
+    tmp_path: Path, demo_dir: Path, memory_s3
 ) -> None:
-    fsspec = pytest.importorskip("fsspec")
-    memory = fsspec.filesystem("memory")  # stands in for s3://, as above
-    memory.pipe("/checked/demo/config.json", (demo_dir / "config.json").read_bytes())
-    memory.pipe("/checked/weights-only/model.safetensors", b"")
-    real_url_to_fs = fsspec.core.url_to_fs
-    monkeypatch.setattr(
-        fsspec.core, "url_to_fs", lambda uri, **options: real_url_to_fs(uri.replace("s3://", "memory://"), **options)
-    )
+    memory_s3.pipe("/checked/demo/config.json", (demo_dir / "config.json").read_bytes())
+    memory_s3.pipe("/checked/weights-only/model.safetensors", b"")
     check_model_location("s3://checked/demo", tmp_path, "spec.reward.model.path")
     assert list(tmp_path.iterdir()) == []  # nothing copied
     with pytest.raises(ModelNotFoundError, match=r"spec\.reward\.model\.path: s3://checked/weights-only holds no"):
         check_model_location("s3://checked/weights-only", tmp_path, "spec.reward.model.path")
-    memory.rm("/checked", recursive=True)
 
 
 def test_checking_a_hub_model_the_hub_does_not_serve_says_to_mount_it(tmp_path: Path, monkeypatch) -> None:
@@ -403,3 +407,35 @@ def test_checking_a_hub_model_the_hub_does_not_serve_says_to_mount_it(tmp_path: 
     with pytest.raises(ModelNotFoundError, match=r"spec\.models\.critic\.path: cannot read hf://org/model/config.json"):
         check_model_location("hf://org/model", tmp_path, "spec.models.critic.path")
     assert [request["filename"] for request in asked] == ["config.json"]  # the config, never the weights
+
+
+# ----------------------------------------------------------------------------- resolve_model_metadata
+def test_the_driver_copies_an_object_store_models_config_and_tokenizer_not_its_weights(
+    tmp_path: Path, demo_dir: Path, memory_s3
+) -> None:
+    for file in demo_dir.iterdir():
+        memory_s3.pipe(f"/meta/demo/{file.name}", file.read_bytes())
+    folder = resolve_model_metadata("s3://meta/demo", tmp_path, FIELD)
+    assert "model.safetensors" not in {path.name for path in folder.iterdir()}
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= {path.name for path in folder.iterdir()}
+    assert (
+        AutoTokenizer.from_pretrained(folder)("count: 3 4 5")["input_ids"]
+        == (AutoTokenizer.from_pretrained(demo_dir)("count: 3 4 5")["input_ids"])
+    )
+    assert not (tmp_path / "s3").exists()  # the full copy's folder stays for a worker to fill whole
+
+
+def test_the_driver_asks_the_hub_for_a_models_config_and_tokenizer_only(tmp_path: Path, monkeypatch) -> None:
+    import huggingface_hub
+
+    asked: list[dict[str, object]] = []
+
+    def snapshot(**request: object) -> str:
+        asked.append(request)
+        return str(tmp_path / "snapshot")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    resolve_model_metadata("hf://org/model", tmp_path, FIELD)
+    (request,) = asked
+    assert request["allow_patterns"] and not any("safetensors" in p or "bin" in p for p in request["allow_patterns"])
+    assert resolve_model_path("hf://org/model", tmp_path, FIELD) and asked[1]["allow_patterns"] is None  # workers
