@@ -199,6 +199,15 @@ def token_budget_description(what: str, row_field: str, verl: str) -> str:
     )
 
 
+#: What offloading a trained model does, for `kuberl explain` of each role's offload field.
+OFFLOAD_TRADE = (
+    "Both on (or neither): FSDP2's CPUOffloadPolicy keeps the shards, their gradients and the optimiser state in "
+    "host memory, copies each layer's shard to the device for its all-gather, and steps the optimiser on the CPU: "
+    "the device holds no weights or AdamW moments between uses (16 bytes a float32 parameter), at the cost of "
+    "host-device copies and a CPU optimiser step each update."
+)
+
+
 class OffloadSpec(KuberlModel):
     """Where a trained model's FSDP2 shards live between uses: on the accelerator, or in host memory.
 
@@ -284,7 +293,7 @@ class ActorModel(ModelSource):
     offload: OffloadSpec = Field(
         default_factory=OffloadSpec,
         description="CPU offload of the actor's parameters and optimiser state (verl: "
-        "actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload).",
+        "actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload / offload_policy). " + OFFLOAD_TRADE,
     )
 
 
@@ -336,7 +345,7 @@ class CriticModel(KuberlModel):
     offload: OffloadSpec = Field(
         default_factory=OffloadSpec,
         description="CPU offload of the critic's parameters and optimiser state (verl: "
-        "critic.model.fsdp_config.param_offload / optimizer_offload).",
+        "critic.model.fsdp_config.param_offload / optimizer_offload / offload_policy). " + OFFLOAD_TRADE,
     )
 
     @field_validator("path")

@@ -1,6 +1,7 @@
 """A verl user's GRPO job on kuberl: their launch command, converted by `kuberl convert verl`, runs on
 verl-layout parquet files with verl's gsm8k scorer, dropped over-long prompts, two training and two validation
-files, and wandb (offline) and MLflow (SQLite) receiving metrics.jsonl's records.
+files, padding-free forwards, the actor's parameters and optimiser offloaded to host memory (FSDP2 over the two
+ranks), token-budget micro-batches, and wandb (offline) and MLflow (SQLite) receiving metrics.jsonl's records.
 
 The only edits to the converted manifest are what running it on this machine needs (CPU pods, the hf engine,
 offline wandb, a local MLflow store) and tags, which verl's command line has no key for.
@@ -41,6 +42,11 @@ python3 -m verl.trainer.main_ppo \\
     data.filter_overlong_prompts=True \\
     actor_rollout_ref.model.path=$MODEL \\
     actor_rollout_ref.model.enable_gradient_checkpointing=False \\
+    actor_rollout_ref.model.use_remove_padding=True \\
+    actor_rollout_ref.actor.fsdp_config.param_offload=True \\
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=True \\
+    actor_rollout_ref.actor.use_dynamic_bsz=True \\
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64 \\
     actor_rollout_ref.actor.optim.lr=5e-4 \\
     actor_rollout_ref.actor.ppo_mini_batch_size=8 \\
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \\
@@ -67,6 +73,10 @@ def verl_job(tmp_path: Path, model: Path) -> dict:
     spec = manifest["spec"]
     assert spec["algorithm"]["lossAggregation"] == "token_mean"  # verl's, pinned over kuberl's grpo preset
     assert spec["models"]["actor"]["optim"]["weightDecay"] == 0.01  # verl's, pinned over kuberl's 0
+    assert spec["training"]["paddingFree"] is True
+    assert spec["models"]["actor"]["offload"] == {"params": True, "optimizer": True}
+    # the update and the old-log-prob forward (verl's default follows the actor's switch) cut by tokens
+    assert spec["models"]["actor"]["maxTokensPerMicroBatch"] == spec["models"]["actor"]["forwardMaxTokensPerMicroBatch"]
     spec["rollout"]["engine"] = "hf"
     spec["resources"]["actor"] |= {"gpus": 0, "cpus": 0.5}
     spec["checkpoint"]["exportHf"] = False
@@ -96,6 +106,9 @@ def test_a_verl_gsm8k_grpo_job_learns_with_every_verl_feature_on(ray_session, tm
     rewards = [record["reward/mean"] for record in history]
     assert all(record["reward/failed"] == 0 for record in history)
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.15, rewards
+
+    # 64 responses a step over 2 ranks: 4 passes of 8 rows each without the budget, more with 64 tokens a pass
+    assert all(record["actor/micro_batches"] > 4 for record in history), [r["actor/micro_batches"] for r in history]
 
     # both training files were read, each losing its over-long tenth; the validation files likewise
     assert dropped == 30 and dropped_validation == 4
