@@ -297,12 +297,8 @@ class AsyncController(Controller):
                 with step_deadline(step + 1, self.spec.training.step_timeout_seconds):
                     generated = producer.take(step)
                     result = self.train(generated)
-                result.metrics.update(self.async_metrics(generated, result, window))
-                if self.validation_due(step):
-                    started = time.perf_counter()
-                    with step_deadline(step + 1, self.spec.training.step_timeout_seconds):
-                        result.metrics.update(self.validate(step))
-                    result.metrics["time/validation"] = time.perf_counter() - started
+                result.metrics.update(self.async_metrics(generated, window))
+                self.validate_when_due(result)
                 on_step(result)
 
     def train(self, generated: Generated) -> StepResult:
@@ -326,7 +322,7 @@ class AsyncController(Controller):
         with self.producer.newest_weights():
             return super().validate(step)
 
-    def async_metrics(self, generated: Generated, result: StepResult, window: "Window") -> dict[str, float]:
+    def async_metrics(self, generated: Generated, window: "Window") -> dict[str, float]:
         """Staleness of the step's samples, idle fractions and versions of both sides, wall-clock throughput."""
         assert self.producer is not None
         lag = staleness(generated, generated.step).float()  # (N,)

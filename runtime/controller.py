@@ -147,11 +147,7 @@ class Controller:
         for step in range(start_step, self.plan.total_steps):
             with step_deadline(step + 1, self.spec.training.step_timeout_seconds):
                 result = self.step(step)
-            if self.validation_due(step):
-                started = time.perf_counter()
-                with step_deadline(step + 1, self.spec.training.step_timeout_seconds):  # a budget of its own
-                    result.metrics.update(self.validate(step))
-                result.metrics["time/validation"] = time.perf_counter() - started
+            self.validate_when_due(result)
             on_step(result)
 
     def step(self, step: int) -> StepResult:
@@ -409,6 +405,15 @@ class Controller:
         return diff
 
     # -- validation ---------------------------------------------------------------------------------
+    def validate_when_due(self, result: StepResult) -> None:
+        """The validation metrics into the step's result when validation is due after it."""
+        if not self.validation_due(result.step):
+            return
+        started = time.perf_counter()
+        with step_deadline(result.step + 1, self.spec.training.step_timeout_seconds):  # a budget of its own
+            result.metrics.update(self.validate(result.step))
+        result.metrics["time/validation"] = time.perf_counter() - started
+
     def validation_due(self, step: int) -> bool:
         """data.validation is scored every training.validationEverySteps steps and after the last step."""
         if self.plan.validation is None:
