@@ -6,6 +6,8 @@ and the optimiser state, in host memory; the losses and the weights after two Ad
 non-offloaded run's. On this CPU-only machine the device *is* host memory, so "in host memory" cannot differ
 from the non-offloaded run by place alone: FSDP2's flag is what tells the two apart here, and the equality
 shows the offloaded path (host copies of shards and gradients, the optimiser stepping on them) is exact.
+The offloaded trainer's checkpoint (DCP, as the job saves it) resumes into a fresh offloaded trainer whose next
+update equals the original's.
 """
 
 from pathlib import Path
@@ -15,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from kuberl.api.spec import OptimizerSpec
+from kuberl.runtime.checkpoint.state import load_trainer_state, save_trainer_state
 from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu
 from kuberl.runtime.updates import UpdateConfig, update_policy
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, layout, make_batch, tiny_model
@@ -24,23 +27,28 @@ pytestmark = pytest.mark.integration
 WORLD = 2
 
 
-def train_rank(rank: int, rendezvous: str, out: str) -> None:
+def trainer_with(offload: bool) -> FSDPTrainer:
+    return FSDPTrainer(
+        tiny_model(),
+        world_size=WORLD,
+        device=torch.device("cpu"),
+        optim=OptimizerSpec(lr=1e-2),
+        total_steps=10,
+        offload=offload,
+    )
+
+
+def train_rank(rank: int, rendezvous: str, out: str, checkpoints: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
     results = {}
     for offload in (False, True):
-        trainer = FSDPTrainer(
-            tiny_model(),
-            world_size=WORLD,
-            device=torch.device("cpu"),
-            optim=OptimizerSpec(lr=1e-2),
-            total_steps=10,
-            offload=offload,
-        )
+        trainer = trainer_with(offload)
         shard = layout(make_batch(), WORLD, CONFIG["mini_batches"]).shard(WORLD)[rank]
-        losses = [update_policy(trainer, shard, UpdateConfig(world_size=WORLD, **CONFIG))["actor/loss"] for _ in "12"]
+        config = UpdateConfig(world_size=WORLD, **CONFIG)
+        losses = [update_policy(trainer, shard, config)["actor/loss"] for _ in "12"]
         assert trainer.optimizer is not None
         results[offload] = {
             "policy": offloaded_to_cpu(trainer.model),
@@ -54,6 +62,14 @@ def train_rank(rank: int, rendezvous: str, out: str) -> None:
             "losses": losses,
             "weights": {name: tensor.clone() for name, tensor in trainer.full_tensors()},
         }
+    save_trainer_state(trainer, checkpoints, "actor", rank)  # the offloaded one, after two steps
+    resumed = trainer_with(offload=True)
+    load_trainer_state(resumed, checkpoints, "actor", rank)
+    for each in (trainer, resumed):  # one more update: its step depends on the weights and AdamW's moments
+        update_policy(each, shard, config)
+    results["next_weights"] = [
+        {name: tensor.clone() for name, tensor in each.full_tensors()} for each in (trainer, resumed)
+    ]
     if rank == 0:
         torch.save(results, out)
     dist.barrier()
@@ -62,8 +78,10 @@ def train_rank(rank: int, rendezvous: str, out: str) -> None:
 
 def test_offloaded_fsdp2_keeps_shards_in_host_memory_and_trains_the_same(tmp_path: Path):
     out = tmp_path / "offload.pt"
-    mp.spawn(train_rank, args=(str(tmp_path / "rendezvous"), str(out)), nprocs=WORLD, join=True)
-    plain, offloaded = (torch.load(out)[offload] for offload in (False, True))
+    args = (str(tmp_path / "rendezvous"), str(out), str(tmp_path / "checkpoints"))
+    mp.spawn(train_rank, args=args, nprocs=WORLD, join=True)
+    results = torch.load(out)
+    plain, offloaded = results[False], results[True]
     assert (plain["policy"], offloaded["policy"]) == (False, True)
     assert offloaded["shard_devices"] == {"cpu"}
     assert offloaded["state_devices"] == {"cpu"}  # AdamW's moments (DTensor shards), stepped on the CPU
@@ -72,3 +90,6 @@ def test_offloaded_fsdp2_keeps_shards_in_host_memory_and_trains_the_same(tmp_pat
     assert max(float((plain["weights"][n] - initial[n]).abs().max()) for n in initial) > 1e-3  # it trained
     for name, tensor in plain["weights"].items():
         torch.testing.assert_close(offloaded["weights"][name], tensor, rtol=0, atol=1e-6, msg=name)
+    continued, resumed = results["next_weights"]  # the checkpoint carried the weights and the optimiser state
+    for name, tensor in continued.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=1e-7, msg=name)
