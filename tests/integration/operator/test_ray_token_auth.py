@@ -32,7 +32,15 @@ from tests.unit.operator.conftest import UID, base_spec, make_rljob
 pytestmark = pytest.mark.integration
 
 HEAD = """
-import sys, ray
+import inspect, sys, ray
+from ray._private.parameter import RayParams
+# The dashboard agent's port: Ray's default (52365) is taken when the session's Ray already runs on this machine,
+# and a head without its agent refuses every job submission ("No available agent"). ray.init has no argument for it.
+init = RayParams.__init__
+with_defaults = [n for n, p in inspect.signature(init).parameters.items() if p.default is not inspect.Parameter.empty]
+defaults = list(init.__defaults__)
+defaults[with_defaults.index("dashboard_agent_listen_port")] = int(sys.argv[3])
+init.__defaults__ = tuple(defaults)
 ray.init(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=int(sys.argv[1]), num_cpus=1,
          _temp_dir=sys.argv[2])
 print("READY", flush=True)
@@ -57,10 +65,11 @@ def authenticated_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     secret = with_new_token(build_ray_token_secret(owner))  # what the operator creates
     auth = kuberay_auth_env(rayjob, {secret["metadata"]["name"]: secret})
     port = free_port()
-    env = {**os.environ, **auth, "RAY_USAGE_STATS_ENABLED": "0"}
+    # without RAY_ADDRESS: once the session's Ray runs in this process, ray.init would join it (no job agent)
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **auth, "RAY_USAGE_STATS_ENABLED": "0"}
     temp = Path(tmp_path_factory.mktemp("ray", numbered=True))
     head = subprocess.Popen(
-        [sys.executable, "-c", HEAD, str(port), str(temp)],
+        [sys.executable, "-c", HEAD, str(port), str(temp), str(free_port())],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -153,7 +162,11 @@ def test_a_stopped_job_gets_the_rljobs_stop_grace_period_before_sigkill(
     script, out = tmp_path / "driver.py", tmp_path / "driver.out"
     script.write_text(TRAPS_SIGTERM)
     body = {"entrypoint": f"{sys.executable} {script} {out}", "runtime_env": runtime_env}
+    deadline = time.monotonic() + 120
     status, text = jobs_api(url, "POST", token=token, body=body)
+    while status == 500 and "No available agent" in text and time.monotonic() < deadline:  # the agent starts
+        time.sleep(0.5)
+        status, text = jobs_api(url, "POST", token=token, body=body)
     assert status == 200, text
     job_id = json.loads(text)["submission_id"]
     deadline = time.monotonic() + 60

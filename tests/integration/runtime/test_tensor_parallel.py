@@ -14,7 +14,7 @@ import torch
 
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.engines.base import SamplingParams
-from kuberl.runtime.models.resolve import default_cache_dir, resolve_model_path
+from kuberl.runtime.models.resolve import ModelLocation, default_cache_dir, resolve_model_path
 from kuberl.runtime.workers.rollout_worker import RolloutWorker, weight_buckets
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 from tests.integration.runtime.test_vllm_engine import hf_model, manifest, perturbed
@@ -65,7 +65,8 @@ def test_a_two_way_split_engine_decodes_greedily_as_one_does_before_and_after_a_
     results, heads = {}, {}
     for shards in (1, 2):  # one engine at a time: this machine has two cores
         worker = RolloutWorker()
-        worker.setup(separate_rollout_manifest(counter_dir, shards), str(counter_dir), str(counter_dir), threads=2)
+        model = ModelLocation(str(counter_dir), "spec.models.actor.path")  # a folder: resolved in place
+        worker.setup(separate_rollout_manifest(counter_dir, shards), model, model, threads=2)
         try:
             heads[shards] = attention_heads_per_shard(worker)
             before = greedy(worker, prompts, version=0)

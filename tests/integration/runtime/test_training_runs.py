@@ -14,13 +14,14 @@ def rewards(run) -> list[float]:
     return [record["reward/mean"] for record in run.history]
 
 
-@pytest.mark.parametrize("engine", ["hf", "vllm"])
-def test_tiny_grpo_demo_learns_the_task(ray_session, tmp_path, engine):
+def test_tiny_grpo_demo_learns_the_task(ray_session, tmp_path):
+    # with the hf engine; vLLM's generation and sync are held equal to the trainer's by test_hybrid_engine and
+    # test_vllm_engine (verifySync), which is cheaper than learning the task twice (the suite's time budget)
     # tiny://counter counts but does not know where the task stops: step 1 scores ~0.45 with ~7-token
     # responses. The reward pays only for the right three numbers and stopping, so a mean of 0.8 over
     # 64 responses needs most of them exactly right (one wrong or extra number costs 1/3 or more).
     # The mean of 64 moves by ~0.04 (one standard error) between steps; the bars below are 8 apart.
-    job = demo_job(**{"training.totalSteps": 30, "rollout.engine": engine})
+    job = demo_job(**{"training.totalSteps": 30, "rollout.engine": "hf"})
     run = run_job(job, tmp_path, demo_base_dir(), progress=False)
     first, last = run.history[0], run.history[-5:]
     last_reward = sum(rewards(run)[-5:]) / 5
