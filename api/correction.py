@@ -10,7 +10,8 @@ after a weight sync. Following verl's rollout correction ("When Speed Kills Stab
 
 Two ways to use the engine's log-probs, chosen by `spec.rollout.useEngineLogprobs`:
 - false (decoupled, the default): the trainer recomputes log pi_old, the PPO ratio is pi / pi_old,
-  and w = pi_old / pi_engine corrects for the engine.
+  and w = pi_old / pi_engine corrects for the engine. With one PPO epoch over one mini-batch and no
+  rejection, log pi_old is the update's own forward pass, detached, and w is computed there: no extra pass.
 - true (bypass): the engine's log-probs are log pi_old, so no recompute pass runs and the PPO ratio
   is pi / pi_engine itself: truncating it again would count the correction twice, so only the
   rejection applies there, with w = pi / pi_engine.

@@ -167,8 +167,12 @@ def kuberl_manifest(work: Workload, config: Config) -> dict[str, Any]:
     if config.staleness is not None:  # asynchronous rows: the rollout on a replica of its own
         rollout.update(placement="separate", maxStaleness=config.staleness)
         resources["rollout"] = {"replicas": 1, "cpus": config.cpus, "gpus": 1 if work.device == "cuda" else 0}
-        # the rules ask for an off-policy correction with k >= 1: decoupled PPO's truncated weight (it costs
-        # the old log-prob forward that one PPO epoch over one mini-batch otherwise saves)
+        # the reference on a pool of its own: the producer runs its forward after each generation, on the
+        # rollout's side, while the trainer updates (AsyncController.generate); the two take turns, so the
+        # run still has the trainer's and the rollout's CPUs busy at most
+        resources["reference"] = {"replicas": 1, "cpus": config.cpus, "gpus": 1 if work.device == "cuda" else 0}
+        # the rules ask for an off-policy correction with k >= 1: decoupled PPO's truncated weight, computed
+        # in the update from its own forward (one PPO epoch over one mini-batch: no old-log-prob pass)
         algorithm_extra["rolloutCorrection"] = {"importanceSampling": "token"}
     return {
         "apiVersion": "kuberl.io/v1alpha1",

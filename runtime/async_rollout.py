@@ -27,9 +27,11 @@ generated. Batches in flight when the run stops are dropped and generated again,
 weights, by the resumed run: no sample trains twice and none is skipped.
 
 Off-policy correction is the controller's own (spec.algorithm.rolloutCorrection, rollout.useEngineLogprobs):
-with useEngineLogprobs false the trainer recomputes log pi_old with the current policy and the truncated
-weight pi_old / pi_engine corrects for the stale engine as well: AReaL's decoupled PPO objective, the
-recommended form. The rules (api/rules.py) refuse k >= 1 with neither.
+with useEngineLogprobs false the trainer recomputes log pi_old with the current policy (with one PPO epoch
+over one mini-batch, in the update's own forward pass) and the truncated weight pi_old / pi_engine corrects
+for the stale engine as well: AReaL's decoupled PPO objective, the recommended form. A reference model on a
+pool of its own runs its forward on the producer's side, overlapping the update too (AsyncController.generate).
+The rules (api/rules.py) refuse k >= 1 with neither.
 """
 
 import threading
@@ -41,7 +43,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kuberl.runtime.controller import Controller, Generated, StepResult
+from kuberl.runtime.controller import Controller, Generated, StageTimes, StepResult
 from kuberl.runtime.deadline import current_deadline, step_deadline
 from kuberl.runtime.telemetry import (
     GENERATED_TOKENS_PER_SECOND,
@@ -278,6 +280,19 @@ class AsyncController(Controller):
     """
 
     producer: AsyncRollout | None = None
+
+    def generate(self, step: int) -> Generated:
+        """The step's rollout and rewards and, with a reference pool of its own, the reference log-probs.
+
+        The reference never changes, so its forward needs no trainer weights: on a pool of its own it runs
+        here, on the producer's thread while the trainer updates, instead of before the update. On the
+        actor's ranks it stays in `train` (calls from two threads could reach the ranks in different
+        orders and cross their collectives).
+        """
+        generated = super().generate(step)
+        if generated.batch is not None and self.groups.reference is not None:
+            StageTimes(generated.timings)("reference", self.reference_logprobs, generated.batch)
+        return generated
 
     def run(self, start_step: int, on_step: Callable[[StepResult], None]) -> None:
         if start_step > 0:  # the pool starts from the initial model; the resumed weights are newer

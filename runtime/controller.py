@@ -139,6 +139,8 @@ class Controller:
             value_clip=spec.algorithm.value_clip,
             on_policy=self.behaviour_is_current_policy(),
         )
+        if self.update_config.on_policy and self.correction is not None:
+            self.update_config = replace(self.update_config, on_policy_correction=self.correction)
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, start_step: int, on_step: Callable[[StepResult], None]) -> None:
@@ -268,7 +270,8 @@ class Controller:
         return torch.cat(parts) * batch.response_mask  # (N, R)
 
     def reference_logprobs(self, batch: RolloutBatch) -> None:
-        if self.kl_coef > 0:
+        """batch.ref_logprobs, unless the asynchronous producer already computed them (AsyncController.generate)."""
+        if self.kl_coef > 0 and batch.ref_logprobs is None:
             batch.ref_logprobs = self._forward("reference", batch)
 
     def behaviour_is_current_policy(self) -> bool:
@@ -277,14 +280,16 @@ class Controller:
         That holds with one PPO epoch over one mini-batch (the policy has not moved when each token's
         log-prob is first computed), when the engine's log-probs are not the behaviour policy, and when
         no stage before the update reads them (a KL penalty in the reward does, and so does the rollout
-        correction, which weighs each token by pi_old / pi_engine before the update).
+        correction's rejection, which must drop tokens before the update counts its denominators). The
+        correction's truncated weight pi_old / pi_engine is then computed in the update from the same
+        forward pass (UpdateConfig.on_policy_correction): an asynchronous run's decoupled PPO costs no extra pass.
         """
         return (
             self.spec.algorithm.ppo_epochs == 1
             and self.plan.mini_batches == 1
             and not self.spec.rollout.use_engine_logprobs
             and not self.kl_in_reward
-            and self.correction is None
+            and (self.correction is None or self.correction.rejection is None)
         )
 
     def old_logprobs(self, batch: RolloutBatch) -> None:
@@ -302,8 +307,8 @@ class Controller:
         """
         assert batch.scored is not None
         batch.loss_mask = batch.response_mask * batch.scored.float()[:, None]  # (N, R)
-        if self.correction is None or self.spec.rollout.use_engine_logprobs:
-            return {}
+        if self.correction is None or self.spec.rollout.use_engine_logprobs or self.update_config.on_policy:
+            return {}  # none, bypass mode's or the on-policy update's own (UpdateConfig.on_policy_correction)
         assert batch.old_logprobs is not None and batch.engine_logprobs is not None
         correction = rollout_correction(batch.old_logprobs, batch.engine_logprobs, batch.loss_mask, self.correction)
         batch.is_weights = correction.weights

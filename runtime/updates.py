@@ -54,6 +54,11 @@ class UpdateConfig:
     #: log-probs are the update's own forward pass, detached (the ratio is exactly 1), and no separate
     #: old-log-prob pass runs (verl's and TRL's on-policy shortcut). The batch comes without them.
     on_policy: bool = False
+    #: With `on_policy`, the decoupled rollout correction (rollout.useEngineLogprobs false) computed per
+    #: micro-batch: log pi_old is the update's own forward, detached, so w = pi_old / pi_engine needs no
+    #: old-log-prob pass either. Without rejection only: a rejected token must leave the loss denominators,
+    #: which are counted before the first forward (the controller corrects the whole batch then).
+    on_policy_correction: CorrectionConfig | None = None
     #: models.<role>.maxTokensPerMicroBatch: micro-batches cut by tokens instead of `micro_batch_size` rows.
     max_tokens_per_micro_batch: int | None = None
 
@@ -168,6 +173,9 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
                 )
                 if cfg.bypass_correction is not None:
                     inputs = _bypass_rejection(inputs, cfg.bypass_correction, totals)
+                if cfg.on_policy_correction is not None:
+                    assert batch.engine_logprobs is not None
+                    inputs = _on_policy_weights(inputs, batch.engine_logprobs[rows], cfg.on_policy_correction, totals)
                 loss, metrics = policy_loss(cfg.policy_loss, inputs, cfg.loss_config, cfg.aggregation, **share)
                 if cfg.kl_in_loss_coef > 0:
                     assert batch.ref_logprobs is not None
@@ -206,6 +214,24 @@ def _bypass_rejection(inputs: PolicyLossInputs, config: CorrectionConfig, totals
     kept = correction.keep.float()  # (m, R)
     weights = kept if inputs.is_weights is None else inputs.is_weights * kept  # (m, R)
     return replace(inputs, is_weights=weights)
+
+
+def _on_policy_weights(
+    inputs: PolicyLossInputs, engine_logprobs: torch.Tensor, config: CorrectionConfig, totals: _Totals
+) -> PolicyLossInputs:
+    """Decoupled correction on one micro-batch of an on-policy update: w = pi_old / pi_engine, truncated.
+
+    pi_old is this forward pass, detached (the policy has not moved yet), so the weights equal those the
+    controller would compute from a separate old-log-prob pass. Each metric is averaged with the weight
+    its whole-batch form has: tokens, or responses for the `*_response_fraction` ones.
+    """
+    assert config.rejection is None, "rejection changes the loss denominators: the controller corrects then"
+    correction = rollout_correction(inputs.old_logprobs, engine_logprobs, inputs.mask, config)
+    tokens = float(inputs.mask.sum())
+    responses = float(inputs.mask.bool().any(-1).sum())
+    for name, value in correction.metrics.items():
+        totals.mean(f"correction/{name}", float(value), responses if name.endswith("response_fraction") else tokens)
+    return replace(inputs, is_weights=correction.weights)
 
 
 def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) -> dict[str, float]:

@@ -5,19 +5,21 @@ with an HF engine, the demo model.
   trains, by the versions each row records; stopped (SIGTERM) after step 2 and resumed, the run trains every
   step's prompts exactly once: what was generated but not trained before the stop is generated again. It
   validates every 2 steps, on the pool, between two of the producer's generations.
-- k = 0 through the asynchronous driver trains bit for bit what the synchronous loop trains.
+- k = 0 through the asynchronous driver trains bit for bit what the synchronous loop trains, with a reference
+  pool of its own whose forward the producer runs instead of the trainer.
 """
 
 import json
 import os
 import signal
+import threading
 from collections import Counter
 
 import pytest
 
 from kuberl.runtime import driver
 from kuberl.runtime.async_rollout import AsyncController
-from kuberl.runtime.controller import Generated, StepResult
+from kuberl.runtime.controller import Controller, Generated, StepResult
 from kuberl.runtime.driver import Preempted, run_job
 from kuberl.runtime.telemetry import STALENESS_MAX, STALENESS_MEAN, TRAINER_IDLE_FRACTION
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
@@ -105,11 +107,25 @@ def test_one_step_off_policy_obeys_the_bound_and_resumes_training_each_sample_on
 
 
 def test_the_asynchronous_driver_without_staleness_is_the_synchronous_loop(ray_session, tmp_path, monkeypatch):
-    job = demo_job(**{**SEPARATE, "training.totalSteps": 3})
+    """Bit for bit, with a reference pool of its own, whose forward the producer runs while the trainer updates."""
+    job = demo_job(**{**SEPARATE, "training.totalSteps": 3, "resources.reference": {"replicas": 1, "cpus": 0.25}})
+    assert job.spec.algorithm.kl.coef  # the demo's GRPO keeps its KL term: the reference runs every step
+    threads: list[str] = []
+    reference_logprobs = Controller.reference_logprobs
+
+    def recorded(controller: Controller, batch) -> None:
+        if batch.ref_logprobs is None:  # a forward is needed: where does it run?
+            threads.append(threading.current_thread().name)
+        reference_logprobs(controller, batch)
+
+    monkeypatch.setattr(Controller, "reference_logprobs", recorded)
     synchronous = run_job(job, tmp_path / "sync", demo_base_dir(), progress=False)
+    assert threads == ["MainThread"] * 3
     monkeypatch.setattr(driver, "controller_for", lambda plan, groups: AsyncController(plan, groups))
     asynchronous = run_job(job, tmp_path / "async", demo_base_dir(), progress=False)
     assert STALENESS_MAX in asynchronous.history[0]  # it did run the asynchronous driver
-    assert [r["actor/loss"] for r in asynchronous.history] == [r["actor/loss"] for r in synchronous.history]
-    assert [r["reward/mean"] for r in asynchronous.history] == [r["reward/mean"] for r in synchronous.history]
+    # the reference ran on the producer's thread, once per step (train found the log-probs made)
+    assert len(threads) == 6 and all(name != "MainThread" for name in threads[3:]), threads
+    for metric in ("actor/loss", "actor/kl_loss", "reward/mean"):
+        assert [r[metric] for r in asynchronous.history] == [r[metric] for r in synchronous.history], metric
     assert all(r[STALENESS_MAX] == 0 for r in asynchronous.history)

@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from kuberl.api.spec import OptimizerSpec
+from kuberl.runtime.algorithms.correction import CorrectionConfig, rollout_correction
 from kuberl.runtime.algorithms.losses import PolicyLossConfig, PolicyLossInputs, policy_loss
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import FSDPTrainer, position_ids
@@ -137,25 +138,44 @@ def test_two_rank_fsdp_update_equals_single_process_reference(tmp_path: Path):
         torch.testing.assert_close(sharded[name], reference[name], rtol=0, atol=1e-6, msg=name)
 
 
+#: Decoupled PPO's truncated weight pi_old / pi_engine (the rollout correction of an asynchronous run),
+#: at a threshold the engine log-probs below exceed for some tokens, so truncation is exercised too.
+CORRECTION = CorrectionConfig(
+    importance_sampling="token", is_threshold=1.2, rejection=None, rejection_low=0.5, rejection_high=2.0
+)
+
+
 def on_policy_rank(rank: int, rendezvous: str, out: str) -> None:
-    """One rank, one mini-batch: the update with a separate old-log-prob pass, then the on-policy shortcut."""
+    """One rank, one mini-batch: the update with a separate old-log-prob pass, then the on-policy shortcut;
+    each without and with the decoupled rollout correction (the controller's whole-batch weights against
+    the update's per-micro-batch ones)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
     torch.set_num_threads(1)
     config = UpdateConfig(world_size=1, **{**CONFIG, "mini_batches": 1})
     results: dict[str, object] = {}
-    for mode in ("separate_pass", "on_policy"):
+    for mode in ("separate_pass", "on_policy", "separate_pass_corrected", "on_policy_corrected"):
         trainer = FSDPTrainer(tiny_model(), world_size=1, device=torch.device("cpu"), optim=OPTIM, total_steps=10)
         trainer.optimizer = sgd(trainer.model.parameters())
         trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda _: 1.0)
         batch = make_batch()
-        if mode == "separate_pass":  # what the controller runs when the shortcut does not apply
+        noise = torch.randn(N, R, generator=torch.Generator().manual_seed(2)) * 0.3
+        batch.engine_logprobs = (trainer.logprobs(forward_input(batch), 1.0, 2) + noise) * batch.response_mask
+        corrected = mode.endswith("_corrected")
+        if mode.startswith("separate_pass"):  # what the controller runs when the shortcut does not apply
             batch.old_logprobs = trainer.logprobs(forward_input(batch), 1.0, 2) * batch.response_mask
-            metrics = update_policy(trainer, batch, config)
+            correction_metrics = {}
+            if corrected:
+                mask = batch.response_mask
+                correction = rollout_correction(batch.old_logprobs, batch.engine_logprobs, mask, CORRECTION)
+                batch.is_weights = correction.weights
+                correction_metrics = {f"correction/{name}": float(v) for name, v in correction.metrics.items()}
+            metrics = {**update_policy(trainer, batch, config), **correction_metrics}
         else:
             batch.old_logprobs = None
-            metrics = update_policy(trainer, batch, replace(config, on_policy=True))
+            shortcut = replace(config, on_policy=True, on_policy_correction=CORRECTION if corrected else None)
+            metrics = update_policy(trainer, batch, shortcut)
         results[mode] = {
             "weights": {name: tensor.clone() for name, tensor in trainer.full_tensors()},
             "old_logprobs": batch.old_logprobs,
@@ -165,11 +185,15 @@ def on_policy_rank(rank: int, rendezvous: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_on_policy_update_equals_the_update_with_a_separate_old_logprob_pass(tmp_path: Path):
-    out = tmp_path / "on_policy.pt"
-    mp.spawn(on_policy_rank, args=(str(tmp_path / "rendezvous"), str(out)), nprocs=1, join=True)
-    results = torch.load(out, weights_only=False)
-    separate, shortcut = results["separate_pass"], results["on_policy"]
+@pytest.fixture(scope="module")
+def on_policy_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    folder = tmp_path_factory.mktemp("on_policy")
+    out = folder / "on_policy.pt"
+    mp.spawn(on_policy_rank, args=(str(folder / "rendezvous"), str(out)), nprocs=1, join=True)
+    return torch.load(out, weights_only=False)
+
+
+def assert_same_update(separate: dict, shortcut: dict) -> None:
     # the behaviour log-probs the shortcut hands back are those of the separate pass
     torch.testing.assert_close(shortcut["old_logprobs"], separate["old_logprobs"], rtol=0, atol=1e-5)
     assert shortcut["metrics"]["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
@@ -178,3 +202,21 @@ def test_on_policy_update_equals_the_update_with_a_separate_old_logprob_pass(tmp
     assert moved > 1e-3
     for name, tensor in separate["weights"].items():
         torch.testing.assert_close(shortcut["weights"][name], tensor, rtol=0, atol=1e-5, msg=name)
+
+
+def test_on_policy_update_equals_the_update_with_a_separate_old_logprob_pass(on_policy_results: dict):
+    assert_same_update(on_policy_results["separate_pass"], on_policy_results["on_policy"])
+
+
+def test_on_policy_correction_equals_the_controllers_whole_batch_correction(on_policy_results: dict):
+    """Decoupled PPO's pi_old / pi_engine weights from the update's own forward: the same update and metrics."""
+    separate, shortcut = on_policy_results["separate_pass_corrected"], on_policy_results["on_policy_corrected"]
+    assert_same_update(separate, shortcut)
+    plain = on_policy_results["separate_pass"]["weights"]
+    assert max(float((separate["weights"][name] - plain[name]).abs().max()) for name in plain) > 1e-4, (
+        "the weights must change the update for the comparison to mean anything"
+    )
+    assert 0 < separate["metrics"]["correction/is_truncated_fraction"] < 1
+    for name in ("log_weight_abs_mean", "is_weight_mean", "is_truncated_fraction", "is_truncated_response_fraction"):
+        key = f"correction/{name}"
+        assert shortcut["metrics"][key] == pytest.approx(separate["metrics"][key], abs=1e-5), key
