@@ -37,15 +37,15 @@ SEPARATE = {  # one actor rank and one rollout replica: the fewest processes tha
 }
 
 
-def async_job(tmp_path, staleness: int):
+def async_job(tmp_path, staleness: int, **changes: object):
     """The demo on a copy of its prompts in which every record has an id of its own (records travel whole
-    with their samples, so the trainer sees which ones it trains)."""
+    with their samples, so the trainer sees which ones it trains), with `changes` (dotted paths) on top."""
     records = [json.loads(line) for line in (demo_base_dir() / "data" / "tiny-task.jsonl").read_text().splitlines()]
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({**record, "id": i}) + "\n" for i, record in enumerate(records)))
     return demo_job(
-        **SEPARATE,
         **{
+            **SEPARATE,
             "data.train": str(data),
             "rollout.maxStaleness": staleness,
             "algorithm.rolloutCorrection": {"importanceSampling": "token"},
@@ -53,6 +53,7 @@ def async_job(tmp_path, staleness: int):
             "data.validation": str(VALIDATION),
             "training.validationEverySteps": 2,  # the pool stops generating ahead to validate the newest weights
             "checkpoint.uri": str(tmp_path / "checkpoints"),
+            **changes,
         },
     )
 
@@ -68,10 +69,11 @@ class TrainedSteps:
         recorder = self
 
         def train(controller: AsyncController, generated: Generated) -> StepResult:
-            assert generated.batch is not None and generated.batch.weight_version is not None
             recorder.steps.append(generated.step)
-            recorder.ids[generated.step] = [sample["id"] for sample in generated.batch.samples]
-            recorder.versions[generated.step] = generated.batch.weight_version.tolist()
+            if generated.batch is not None:  # None: dynamic sampling found no group worth training
+                assert generated.batch.weight_version is not None
+                recorder.ids[generated.step] = [sample["id"] for sample in generated.batch.samples]
+                recorder.versions[generated.step] = generated.batch.weight_version.tolist()
             result = original(controller, generated)
             if preempt_after is not None and generated.step + 1 == preempt_after:
                 os.kill(os.getpid(), signal.SIGTERM)  # the run saves after this step and stops, as when preempted
@@ -129,3 +131,44 @@ def test_the_asynchronous_driver_without_staleness_is_the_synchronous_loop(ray_s
     for metric in ("actor/loss", "actor/kl_loss", "reward/mean"):
         assert [r[metric] for r in asynchronous.history] == [r[metric] for r in synchronous.history], metric
     assert all(r[STALENESS_MAX] == 0 for r in asynchronous.history)
+
+
+def test_one_step_off_policy_with_an_environment_and_dynamic_sampling(ray_session, tmp_path, monkeypatch):
+    """Multi-turn episodes and DAPO's extra rounds, all on the producer's thread: every row of every round
+    records a version within the bound, and the step reports its episodes and rounds."""
+    job = async_job(
+        tmp_path,
+        staleness=1,
+        **{
+            "training.totalSteps": 3,
+            "data.batchSize": 4,
+            "data.validation": None,
+            "training.validationEverySteps": None,
+            "rollout.maxNewTokens": 6,
+            "environment": {
+                "name": "tests.integration.runtime.environments:FlakyReplies",
+                "maxTurns": 2,
+                "maxEpisodeTokens": 32,
+            },
+            # the shaped reward: the overlong penalty makes episodes of different lengths differ, so groups inform
+            "reward.overlongPenalty": {"enabled": True, "bufferLength": 28},
+            "algorithm.dynamicSampling": {
+                "enabled": True,
+                "metric": "reward",
+                "maxRoundsPerStep": 3,
+                "maxCappedSteps": 10,
+            },
+        },
+    )
+    trained = TrainedSteps(monkeypatch)
+    run = run_job(job, tmp_path / "run", demo_base_dir(), progress=False)
+    assert trained.steps == [0, 1, 2] and len(run.history) == 3
+    assert trained.versions, "dynamic sampling found nothing to train in any step"
+    for step, rows in trained.versions.items():
+        assert all(0 <= step - version <= 1 for version in rows), (step, rows)
+    for record in run.history:
+        assert record[STALENESS_MAX] <= 1
+        assert record["env/episodes"] >= 4 * job.spec.algorithm.group_size  # every round's episodes
+        assert 1 <= record["dynamic_sampling/rounds"] <= 3
+        assert record["dynamic_sampling/groups_trained"] <= record["dynamic_sampling/groups_informative"]
+    assert any(record[STALENESS_MAX] == 1 for record in run.history[1:]), "the pool never ran ahead"
