@@ -202,6 +202,7 @@ def upgrade_an_old_job(cp: ControlPlane, ns: str, name: str) -> None:
             "models": {"actor": {"path": "tiny://demo"}},
             "data": {"train": "/data/train.jsonl"},
             "reward": {"function": "tiny_task"},
+            "checkpoint": {"pvcClaimName": "ckpt"},
         },
     }
     cp.request("POST", rljob_path(ns), manifest)
