@@ -108,12 +108,11 @@ def pod_mounts(rayjob: dict[str, Any]) -> dict[str, list[str]]:
     groups = [(HEAD_POOL, cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster["workerGroupSpecs"]]
     mounts: dict[str, list[str]] = {}
     for pool, group in groups:
-        pod = group["template"]["spec"]
-        ray_container = pod["containers"][0]
+        containers = group["template"]["spec"].get("containers") or [{}]  # a podTemplate may have replaced them
         mounts[pool] = [
             mount["mountPath"]
-            for mount in ray_container.get("volumeMounts", [])
-            if mount.get("name") != builders.SPEC_VOLUME
+            for mount in containers[0].get("volumeMounts", [])
+            if mount.get("name") != builders.SPEC_VOLUME and "mountPath" in mount
         ]
     return mounts
 
