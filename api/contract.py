@@ -22,6 +22,9 @@ SPEC_KEY = "rljob.yaml"
 SPEC_PATH = f"{SPEC_MOUNT_DIR}/{SPEC_KEY}"
 #: Where spec.checkpoint.pvcClaimName is mounted in every pod; without checkpoint.uri the runtime saves there.
 CHECKPOINT_MOUNT_DIR = "/checkpoints"
+#: kuberl's runtime images carry files of their own here (the CPU image: the examples' prompts under
+#: examples/data); a path under it is on every pod of a job that runs one of them.
+IMAGE_FILES_DIR = "/opt/kuberl"
 
 # -- environment of every Ray pod (the operator sets them, the runtime reads them) ---------------------
 #: The RLJob's metadata.name and namespace: whose progress the runtime reports.

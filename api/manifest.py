@@ -10,6 +10,7 @@ import difflib
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -252,11 +253,14 @@ def is_rljob(document: object) -> bool:
     return isinstance(document, dict) and document.get("kind") == KIND
 
 
-def validate_file(path: str | Path, *, only_rljobs: bool = False) -> list[ManifestError]:
+def validate_file(
+    path: str | Path, *, only_rljobs: bool = False, more_checks: Callable[[RLJob], list[Problem]] | None = None
+) -> list[ManifestError]:
     """Every problem of every RLJob document in a file; an empty list when all are valid.
 
     `only_rljobs`: other documents (a GitOps repository's ConfigMaps, Deployments ...) are skipped, and a
     file without any RLJob is fine, so the check can run over every manifest a commit touches.
+    `more_checks`: further problems of each valid RLJob (`kuberl validate --cluster`: what a cluster needs).
     """
     source = str(path)
     try:
@@ -272,7 +276,11 @@ def validate_file(path: str | Path, *, only_rljobs: bool = False) -> list[Manife
             continue
         label = source if len(documents) == 1 else f"{source} (document {index + 1})"
         try:
-            parse_rljob(document, label)
+            job = parse_rljob(document, label)
         except ManifestError as error:
             errors.append(error)
+            continue
+        problems = more_checks(job) if more_checks is not None else []
+        if problems:
+            errors.append(ManifestError(label, problems))
     return errors

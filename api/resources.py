@@ -56,7 +56,9 @@ class PodPlacement(KuberlModel):
     pod_template: dict[str, Any] | None = Field(
         None,
         description="A partial pod template merged over the one kuberl builds for these pods "
-        "(extra volumes, annotations, a priority class ...). Containers merge by name.",
+        "(extra volumes, annotations, a priority class ...). Containers merge by name: Ray runs in the container "
+        "ray-head on the head and ray-worker in a pool, so a volume the job reads (models, data) needs a "
+        "volumeMount under that name.",
     )
 
     @field_validator("node_selector")

@@ -845,7 +845,12 @@ class RLJobSpec(KuberlModel):
     environment: EnvironmentSpec | None = Field(None, description=ENVIRONMENT_DESCRIPTION)
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Duration, seed and batching.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Machines per role.")
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Saving and resuming.")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Saving and resuming. On Kubernetes set pvcClaimName or an object-store uri (s3://, gs://): "
+        "each trainer rank writes its shards on its own pod, so the webhook refuses a job without storage all its "
+        "pods share.",
+    )
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadline, suspend, TTL.")
     queue_name: str | None = Field(
         None,

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # kuberl end to end on kind: a throwaway cluster, KubeRay and kuberl installed with Helm, the images
-# built here and loaded into the cluster, then examples/tiny-grpo.yaml run until it Succeeded.
+# built here and loaded into the cluster, then examples/tiny-grpo-cluster.yaml run until it Succeeded.
 #
 #   e2e/run-kind.sh               # needs docker (a running engine), kind, kubectl >= 1.23, helm >= 3.8
 #   KEEP_CLUSTER=1 e2e/run-kind.sh  # leave the cluster up afterwards (kind delete cluster --name kuberl-e2e)
 #
 # kind has no GPUs: the job runs on the CPU runtime image (docker/Dockerfile.runtime-cpu) with the hf
-# rollout engine, as tiny-grpo.yaml asks. Exit code 0 means the RLJob reached phase Succeeded.
+# rollout engine, as tiny-grpo-cluster.yaml asks. Exit code 0 means the RLJob reached phase Succeeded.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -93,16 +93,21 @@ for _ in $(seq 60); do
 done
 kubectl get validatingwebhookconfiguration "$WEBHOOK" -o jsonpath='{.webhooks[0].name}{"\n"}'
 
-log "the webhook refuses an invalid RLJob"
-if sed 's/name: grpo/name: ppo/' "$REPO/examples/tiny-grpo.yaml" | kubectl -n "$JOBS" apply --dry-run=server -f - 2>/dev/null; then
+log "the webhook refuses an invalid RLJob, and one whose checkpoints would stay on the head's disk"
+if sed 's/name: grpo/name: ppo/' "$REPO/examples/tiny-grpo-cluster.yaml" | kubectl -n "$JOBS" apply --dry-run=server -f - 2>/dev/null; then
   echo "run-kind.sh: an RLJob asking for ppo without a critic was admitted" >&2
   exit 1
 fi
+if kubectl -n "$JOBS" apply --dry-run=server -f "$REPO/examples/tiny-grpo.yaml" 2>/dev/null; then
+  echo "run-kind.sh: an RLJob without a checkpoint claim or object store was admitted" >&2
+  exit 1
+fi
 
-log "examples/tiny-grpo.yaml"
-# In a pod the manifest lies at /etc/kuberl/rljob.yaml; the CPU runtime image carries the example's data.
-sed 's#train: data/tiny-task.jsonl#train: /opt/kuberl/examples/data/tiny-task.jsonl#' "$REPO/examples/tiny-grpo.yaml" \
-  | kubectl -n "$JOBS" apply -f -
+log "examples/tiny-grpo-cluster.yaml, checkpointing to examples/k8s/tiny-grpo-checkpoints.yaml"
+# kind's storage (local-path) offers ReadWriteOnce only; its one node runs every pod, which is all RWX buys here.
+sed 's/ReadWriteMany/ReadWriteOnce/' "$REPO/examples/k8s/tiny-grpo-checkpoints.yaml" | kubectl -n "$JOBS" apply -f -
+# The CPU runtime image carries the example's data at /opt/kuberl/examples/data.
+sed "s#image: .*#image: $RUNTIME_IMAGE#" "$REPO/examples/tiny-grpo-cluster.yaml" | kubectl -n "$JOBS" apply -f -
 
 deadline=$((SECONDS + JOB_TIMEOUT_SECONDS))
 phase=""

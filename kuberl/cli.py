@@ -10,15 +10,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kuberl import __version__
-from kuberl.api.contract import add_runtime_options, runtime_args_of
+from kuberl.api.contract import IMAGE_FILES_DIR, add_runtime_options, runtime_args_of
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from kuberl.api import validate_file
 
+    more_checks = None
+    if args.cluster:  # pure builders and checks: no kopf or Kubernetes client needed
+        from kuberl.operator.cluster_checks import cluster_problems
+
+        more_checks = cluster_problems
     failed = 0
     for path in args.files:
-        errors = validate_file(path, only_rljobs=args.only_rljobs)
+        errors = validate_file(path, only_rljobs=args.only_rljobs, more_checks=more_checks)
         for error in errors:
             print(error, file=sys.stderr)
         if errors:
@@ -143,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip documents of other kinds (and files without an RLJob): for a pre-commit check over a GitOps "
         "repository, see docs/gitops.md",
+    )
+    validate.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also check what a run on Kubernetes needs, as the webhook does: checkpoints on a claim or an object "
+        "store, and every local path the job names on a volume mounted by each pod that reads it (or in kuberl's "
+        f"runtime image under {IMAGE_FILES_DIR}); the webhook only warns about paths: an image of yours may hold them",
     )
     validate.set_defaults(func=cmd_validate)
 

@@ -8,13 +8,20 @@ ValidatingWebhookConfiguration that sends RLJob reviews here is templated by the
 cert-manager) puts in a Secret. The operator's account holds no admissionregistration permission, and
 the configuration outlives operator restarts: while the operator is down, RLJob writes are refused
 (failurePolicy Fail), never let through unvalidated.
+
+Beyond `kuberl validate`, the webhook knows the job is for a cluster (cluster_checks.py): it refuses a job
+whose checkpoints would land on the head's own disk, and warns (AdmissionReview `warnings`, which kubectl
+prints) for every local path a pod reads without mounting a volume that holds it. `kuberl validate --cluster`
+runs the same checks, both as errors.
 """
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from kuberl.api import GROUP, PLURAL, VERSION, ManifestError, Problem, parse_rljob
+from kuberl.operator.cluster_checks import review_for_cluster
 from kuberl.operator.settings import OperatorSettings
 
 #: The handler's id, which kopf serves at the path `/<id>`: the configuration's `clientConfig.service.path`.
@@ -23,14 +30,23 @@ WEBHOOK_ID = "validate-rljob"
 CERTIFICATE_CHECK_SECONDS = 10.0
 
 
-def problems_of(body: dict[str, Any]) -> list[Problem]:
-    """Every problem of an RLJob as the API server would store it; status is the operator's and not checked."""
+@dataclass(frozen=True)
+class Review:
+    """The webhook's answer: problems refuse the RLJob; warnings admit it and are shown to whoever applied it."""
+
+    problems: list[Problem]
+    warnings: list[str] = field(default_factory=list)
+
+
+def review(body: dict[str, Any]) -> Review:
+    """An RLJob as the API server would store it, reviewed for a cluster; status is the operator's, not checked."""
     manifest = {key: body[key] for key in ("apiVersion", "kind", "metadata", "spec") if key in body}
     try:
-        parse_rljob(manifest)
+        job = parse_rljob(manifest)
     except ManifestError as error:
-        return error.problems
-    return []
+        return Review(error.problems)
+    cluster = review_for_cluster(job)
+    return Review(cluster.refusals, [str(problem) for problem in cluster.unreachable])
 
 
 def admission_message(problems: list[Problem]) -> str:
@@ -40,12 +56,15 @@ def admission_message(problems: list[Problem]) -> str:
 
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.validate(GROUP, VERSION, PLURAL, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
-    def validate_rljob(body: kopf.Body, old: Any = None, operation: str | None = None, **_: Any) -> None:
+    def validate_rljob(
+        body: kopf.Body, warnings: list[str], old: Any = None, operation: str | None = None, **_: Any
+    ) -> None:
         if operation == "UPDATE" and old is not None and old.get("spec") == body.get("spec"):
             return  # metadata-only writes (labels, kopf's annotations) of an already admitted job
-        problems = problems_of(dict(body))
-        if problems:
-            raise kopf.AdmissionError(admission_message(problems), code=422)
+        answer = review(dict(body))
+        if answer.problems:
+            raise kopf.AdmissionError(admission_message(answer.problems), code=422)
+        warnings.extend(answer.warnings)
 
 
 def server(settings: OperatorSettings) -> kopf.WebhookServer:

@@ -36,6 +36,9 @@ ADAPTER = "default"
 #: PEFT's prefix before the wrapped model's own parameter names.
 PEFT_PREFIX = "base_model.model."
 HEAD = "lm_head"
+#: The layers PEFT counts as embeddings (peft.utils.constants.EMBEDDING_LAYER_NAMES): an adapter on one makes
+#: PEFT save the layer's weights with the adapter.
+EMBEDDING_LAYERS = ("embed_tokens", HEAD)
 
 
 def target_modules(lora: LoRASpec, model: torch.nn.Module | None = None) -> list[str]:
@@ -258,13 +261,36 @@ def load_into(engine: Any, mode: str | None, weights: Iterable[tuple[str, Tensor
     return engine.load_adapter(weights) if mode == "adapter" else engine.load_weights(weights)
 
 
+def base_model_name(location: str) -> str:
+    """What an exported adapter's `base_model_name_or_path` says: the actor's model as the manifest names it,
+    which a reader anywhere can resolve, never the folder one pod resolved it into (rank 0's cache exists on no
+    other pod, and goes with it). hf://org/name becomes the hub id PEFT and transformers load; file:// paths
+    become plain paths; tiny://, s3://, gs:// and absolute paths stay as written
+    (`kuberl.runtime.models.resolve.ModelLocation(name, field).resolve()` fetches or builds them).
+
+    >>> base_model_name("hf://Qwen/Qwen2.5-0.5B"), base_model_name("file:///models/q"), base_model_name("tiny://counter")
+    ('Qwen/Qwen2.5-0.5B', '/models/q', 'tiny://counter')
+    """
+    for plain in ("hf://", "file://"):
+        if location.startswith(plain):
+            return location.removeprefix(plain)
+    return location
+
+
 def save_adapter(
-    weights: Iterable[tuple[str, Tensor]], lora: LoRASpec, base_path: str, directory: str, merged_directory: str | None
+    weights: Iterable[tuple[str, Tensor]],
+    lora: LoRASpec,
+    base_path: str,
+    directory: str,
+    merged_directory: str | None,
+    base_location: str,
 ) -> None:
     """Write the adapter as a PEFT folder (adapter_config.json, adapter_model.safetensors) at `directory`, and
     with `merged_directory` the base model with the adapter merged in as a Hugging Face model folder there.
 
-    `weights`: the adapter tensors under saved-adapter names (`adapter_weights`).
+    `weights`: the adapter tensors under saved-adapter names (`adapter_weights`). `base_path`: this node's copy
+    of the base model; `base_location`: the base model as the manifest names it, which adapter_config.json
+    records (`base_model_name`).
     """
     from transformers import AutoModelForCausalLM
 
@@ -286,6 +312,12 @@ def save_adapter(
     with torch.no_grad():
         for name, tensor in received.items():
             targets[name].copy_(tensor)
-    model.save_pretrained(directory)  # type: ignore[operator]  # a PeftModel
+    peft_model: Any = model  # a PeftModel: its config becomes adapter_config.json and the model card
+    config = peft_model.peft_config[ADAPTER]
+    config.base_model_name_or_path = base_model_name(base_location)
+    # PEFT's default ("auto") would look the base model's config up by that name, on the hub unless it is a local
+    # folder, to see whether the vocabulary grew; kuberl never resizes it, so only targeted embeddings are saved.
+    embeddings = bool(set(EMBEDDING_LAYERS) & set(config.target_modules))
+    peft_model.save_pretrained(directory, save_embedding_layers=embeddings)
     if merged_directory is not None:
         model.merge_and_unload().save_pretrained(merged_directory)  # type: ignore[operator]

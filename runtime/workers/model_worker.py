@@ -319,7 +319,8 @@ def export_lora_actor(worker: ModelWorker, directory: str, source_path: str) -> 
     with ExitStack() as published:  # both folders are published once both are written
         folder = published.enter_context(staged_folder(directory))
         merged = published.enter_context(staged_folder(f"{directory}-merged")) if lora.export_merged else None
-        save_adapter(adapter, lora, source_path, str(folder), str(merged) if merged is not None else None)
+        merged_folder = str(merged) if merged is not None else None
+        save_adapter(adapter, lora, source_path, str(folder), merged_folder, worker.models["actor"].uri)
         for written in (folder, merged):
             if written is not None:
                 worker.tokenizer.save_pretrained(written)

@@ -7,7 +7,9 @@ the container's environment, and what each pod offers Ray, computed by KubeRay's
 rayStartParams and the container's limits. On that it runs the runtime's own argument parsing
 (runtime/main.py) and placement planning (runtime/plan.py's plan_topology, workers/group.py's Ray
 options), and checks that every actor the runtime would start fits on a pod of a group the operator
-made, with enough units of its pool's resource, and that `--resume` changes what the runtime does.
+made, with enough units of its pool's resource, and that `--resume` changes what the runtime does. It also
+holds every local path an example names against the volume mounts of the pods that read it
+(operator/cluster_checks.py), and every example for a cluster to checkpoint storage all its pods share.
 
 The last tests change the topology on one side only and show that the check catches it.
 """
@@ -29,6 +31,7 @@ from kuberl.api.contract import RUNTIME_PROGRAM, RuntimeArgs
 from kuberl.api.spec import CheckpointSpec
 from kuberl.api.topology import Topology
 from kuberl.operator import access, builders
+from kuberl.operator.cluster_checks import storage_problems, unreachable_paths
 from kuberl.operator.settings import OperatorSettings
 from kuberl.runtime import main as runtime_main
 from kuberl.runtime import plan as runtime_plan
@@ -40,6 +43,9 @@ from kuberl.runtime.workers.group import ray_actor_options
 from tests.conftest import REPO
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"), key=lambda path: path.name)
+#: The examples `kuberl run` runs on this machine (relative paths, checkpoints in the output folder); on a
+#: cluster the webhook refuses them. tiny-grpo-cluster.yaml is the demo for a cluster.
+LOCAL_ONLY = {"tiny-grpo.yaml", "tiny-grpo-async.yaml", "tiny-grpo-lora.yaml", "agent-python-tool.yaml"}
 SETTINGS = OperatorSettings()
 UID = "0b1c2d3e-0000-4000-8000-000000000001"
 
@@ -235,16 +241,39 @@ def test_the_exported_model_goes_where_it_outlives_the_actors_pods(example: Path
     model = export_location(seen.job, output)  # actor rank 0 writes it, in a pod KubeRay deletes afterwards
     if is_remote(model):
         return
-    if seen.job.spec.checkpoint.pvc_claim_name is None:
-        pytest.skip(
-            "neither a claim nor an object store: the model would stay on rank 0's disk (issue #12: on "
-            "Kubernetes the webhook is to require one of them)"
-        )
+    if seen.job.spec.checkpoint.pvc_claim_name is None:  # the model would stay on rank 0's disk: refused
+        assert example.name in LOCAL_ONLY
+        assert [problem.path for problem in storage_problems(seen.job)] == ["spec.checkpoint"]
+        return
     (actor,) = [group for group in worker_specs(made.rayjob) if group["groupName"] == "actor"]
     spec = actor["template"]["spec"]
     claims = {v["name"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
     mounted = [m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m["name"] in claims]
     assert any(model.startswith(path + "/") for path in mounted), (example.name, model, mounted)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_every_path_a_cluster_example_names_is_on_every_pod_that_reads_it(example: Path):
+    made = operator_makes(example)
+    job = runtime_sees(made).job
+    if example.name in LOCAL_ONLY:  # kuberl run's: the webhook refuses it, as its checkpoints have no shared home
+        assert [problem.path for problem in storage_problems(job)] == ["spec.checkpoint"]
+        return
+    assert storage_problems(job) == []
+    assert unreachable_paths(job, made.rayjob) == []
+
+
+def test_a_pod_template_without_the_models_volume_is_caught():
+    made = operator_makes(REPO / "examples" / "ppo-critic.yaml")
+    (critic,) = [group for group in worker_specs(made.rayjob) if group["groupName"] == "critic"]
+    critic["template"]["spec"]["containers"][0]["volumeMounts"] = [
+        mount for mount in critic["template"]["spec"]["containers"][0]["volumeMounts"] if mount["name"] != "models"
+    ]
+    problems = unreachable_paths(parse_rljob(made.rljob), made.rayjob)
+    # the critic loads its backbone, and the actor's tokenizer (that model's folder too)
+    assert [problem.path for problem in problems] == ["spec.models.actor.path", "spec.models.critic.path"]
+    for problem in problems:
+        assert problem.message.startswith("/models/Qwen2.5-1.5B-Instruct is read on the critic pods")
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)

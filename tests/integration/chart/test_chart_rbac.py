@@ -131,6 +131,7 @@ def create_rljob(cp: ControlPlane, namespace: str, name: str, **spec_changes: An
         "models": {"actor": {"path": "tiny://demo"}},
         "data": {"train": "/data/train.jsonl"},
         "reward": {"function": "tiny_task"},
+        "checkpoint": {"pvcClaimName": "ckpt"},  # the webhook requires storage every pod of the job shares
     }
     spec.update(spec_changes)
     manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name}, "spec": spec}
@@ -201,6 +202,7 @@ def upgrade_an_old_job(cp: ControlPlane, ns: str, name: str) -> None:
             "models": {"actor": {"path": "tiny://demo"}},
             "data": {"train": "/data/train.jsonl"},
             "reward": {"function": "tiny_task"},
+            "checkpoint": {"pvcClaimName": "ckpt"},
         },
     }
     cp.request("POST", rljob_path(ns), manifest)

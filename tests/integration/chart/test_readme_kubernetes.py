@@ -233,6 +233,14 @@ def namespace_create(story: Story, command: str) -> None:
     story.namespaces.append(shlex.split(command)[-1])
 
 
+def validate_for_the_cluster(story: Story, command: str) -> None:
+    """`kuberl validate --cluster`: the manifests pass what the webhook checks for a cluster."""
+    from kuberl.cli import main
+
+    args = [str(REPO / arg) if arg.endswith(".yaml") else arg for arg in shlex.split(command)[1:]]
+    assert main(args) == 0, command
+
+
 #: Each kind of command the section may hold, and what the test does with it.
 HANDLERS: list[tuple[str, Callable[[Story, str], None]]] = [
     (r"^kubectl create namespace \S+$", namespace_create),
@@ -243,6 +251,7 @@ HANDLERS: list[tuple[str, Callable[[Story, str], None]]] = [
     (r"^kubectl patch rlj -n \S+ tiny-grpo --type merge -p .*\"suspend\":true", suspend),
     (r"^kubectl patch rlj -n \S+ tiny-grpo --type merge -p .*\"suspend\":false", resume),
     (r"^kubectl get rlj -n \S+ tiny-grpo -o jsonpath=.*lastCheckpoint\.uri", last_checkpoint),
+    (r"^kuberl validate --cluster( \S+\.yaml)+$", validate_for_the_cluster),
 ]
 
 

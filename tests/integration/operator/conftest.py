@@ -140,6 +140,7 @@ def tiny_spec(**changes: Any) -> dict[str, Any]:
         "data": {"train": "/data/train.jsonl"},
         "reward": {"function": "tiny_task"},
         "runPolicy": {"maxRestarts": 1, "backoffSeconds": 0},
+        "checkpoint": {"pvcClaimName": "ckpt"},  # the webhook requires storage every pod of the job shares
     }
     spec.update(changes)
     return spec

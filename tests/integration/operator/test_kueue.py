@@ -33,14 +33,15 @@ STEPS = 4
 EXIT_RESUMABLE = 75
 
 
-def queued_demo_spec(claim: Path) -> dict[str, Any]:
+def queued_demo_spec() -> dict[str, Any]:
     spec: dict[str, Any] = yaml.safe_load(DEMO.read_text())["spec"]
     spec["queueName"] = QUEUE
     spec["data"]["train"] = str(DEMO.parent / spec["data"]["train"])  # the pod has no examples/ beside its spec
     spec["training"]["totalSteps"] = STEPS
     spec["resources"]["actor"]["replicas"] = 1  # one rank: the pod starts faster, and Kueue sees no difference
-    # A folder both pods see stands in for the claim: checkpoints and metrics.jsonl outlive a pod.
-    spec["checkpoint"] = {"uri": str(claim), "intervalSteps": 2, "exportHf": False}
+    # A folder both pods see stands in for the claim (the pods' --output): checkpoints and metrics.jsonl outlive
+    # a pod. The relative uri puts the checkpoints in it, at <claim>/checkpoints.
+    spec["checkpoint"] = {"pvcClaimName": "queued-claim", "uri": "checkpoints", "intervalSteps": 2, "exportHf": False}
     spec["runPolicy"] = {"maxRestarts": 1, "backoffSeconds": 0}
     return spec
 
@@ -92,7 +93,7 @@ def test_kueue_admits_the_job_preempts_it_and_it_resumes_from_its_checkpoint(
 ):
     address = ray_session.get_runtime_context().gcs_address
     claim = tmp_path / "claim"
-    cluster.create("queued", queued_demo_spec(claim))
+    cluster.create("queued", queued_demo_spec())
 
     # Created suspended, in the queue: the RLJob is Queued and kubectl shows it.
     status = cluster.wait_status("queued", phase="Queued", rayJobName="queued-0")
@@ -128,7 +129,7 @@ def test_kueue_admits_the_job_preempts_it_and_it_resumes_from_its_checkpoint(
     first.send_signal(signal.SIGTERM)
     log, _ = first.communicate(timeout=120)
     assert first.returncode == EXIT_RESUMABLE, log
-    saved = int((claim / "latest").read_text().strip().removeprefix("step-"))
+    saved = int((claim / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
     assert 1 <= saved < STEPS and steps_logged(claim) == list(range(1, saved + 1)), log
     cluster.kuberay("queued-0", "Suspended")
     assert (cluster.status("queued")["restarts"], list(cluster.rayjobs())) == (0, ["queued-0"])
@@ -145,4 +146,4 @@ def test_kueue_admits_the_job_preempts_it_and_it_resumes_from_its_checkpoint(
     assert steps_logged(claim) == list(range(1, STEPS + 1))
     cluster.kuberay("queued-0", "Complete", "SUCCEEDED")
     status = cluster.wait_status("queued", phase="Succeeded")
-    assert status["restarts"] == 0 and os.path.exists(claim / f"step-{STEPS:06d}")
+    assert status["restarts"] == 0 and os.path.exists(claim / "checkpoints" / f"step-{STEPS:06d}")

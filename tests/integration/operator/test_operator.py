@@ -6,6 +6,7 @@ as KubeRay would); the RayJob CRD is a structural fake (crds/fake-kuberay-rayjob
 
 import json
 import shlex
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -237,6 +238,46 @@ def test_the_webhook_refuses_a_cross_field_mistake_the_crd_schema_cannot_see(clu
     with pytest.raises(ApiError) as refused:
         cluster.create("no-critic", tiny_spec(algorithm={"name": "ppo"}))
     assert "spec.models.critic: advantageEstimator gae (PPO) needs a critic" in refusal(refused.value)
+
+
+def test_the_webhook_refuses_a_job_whose_checkpoints_would_stay_on_the_heads_disk(cluster: Cluster):
+    spec = tiny_spec()
+    del spec["checkpoint"]  # no claim, no object store: each rank's shards would stay on its own pod
+    with pytest.raises(ApiError) as refused:
+        cluster.create("no-storage", spec)
+    assert "spec.checkpoint: on Kubernetes every trainer rank writes its checkpoint shards" in refusal(refused.value)
+    assert cluster.rljob("no-storage") is None
+
+
+def warnings_of_a_dry_run(cp: ControlPlane, manifest: dict[str, Any]) -> list[str]:
+    """The Warning headers the API server sends back for a dry-run create (kubectl prints them as `Warning: ...`)."""
+    path = names.rljob_path(manifest["metadata"]["namespace"]) + "?dryRun=All"
+    headers = {"Authorization": f"Bearer {cp.token}", "Content-Type": "application/json"}
+    request = urllib.request.Request(
+        cp.server + path, data=json.dumps(manifest).encode(), method="POST", headers=headers
+    )
+    with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(cp.ca_file))) as response:
+        return response.headers.get_all("Warning") or []
+
+
+def test_the_webhook_admits_a_path_no_pod_that_reads_it_mounts_with_a_warning_naming_it(
+    cluster: Cluster, control_plane: ControlPlane
+):
+    # tiny_spec's prompts are at /data/train.jsonl, and no pod of the job mounts a volume at /data
+    (warning,) = warnings_of_a_dry_run(control_plane, rljob_manifest("unmounted", cluster.ns, tiny_spec()))
+    assert warning.startswith('299 - "spec.data.train: /data/train.jsonl is read on the head pods')
+    mounted = {
+        "head": {
+            "podTemplate": {
+                "spec": {
+                    "containers": [{"name": "ray-head", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
+                }
+            }
+        }
+    }
+    manifest = rljob_manifest("mounted", cluster.ns, tiny_spec(resources=mounted))
+    assert warnings_of_a_dry_run(control_plane, manifest) == []
 
 
 def test_the_webhook_refuses_an_invalid_edit(cluster: Cluster):

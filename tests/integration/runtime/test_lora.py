@@ -16,6 +16,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from kuberl.runtime.checkpoint import export_hf
 from kuberl.runtime.driver import run_job
+from kuberl.runtime.models.resolve import ModelLocation
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -76,8 +77,11 @@ def test_lora_grpo_demo_learns_syncs_the_adapter_and_saves_only_adapters(ray_ses
     adapter_dir, merged_dir = tmp_path / "model", tmp_path / "model-merged"
     assert run.model_dir == adapter_dir
     assert json.loads((adapter_dir / "adapter_config.json").read_text())["r"] == 8
-    base_path = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
-    with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), adapter_dir)
+    # the base as the manifest names it, not rank 0's cache folder (on a cluster that exists on no other pod)
+    base = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == job.spec.models.actor.path == "tiny://counter"
+    base_model = AutoModelForCausalLM.from_pretrained(ModelLocation(base, "base_model_name_or_path").resolve())
+    with_adapter = PeftModel.from_pretrained(base_model, adapter_dir)
     merged = AutoModelForCausalLM.from_pretrained(merged_dir)
     ids = torch.tensor([[20, 21, 22, 23, 24, 25]])
     with torch.no_grad():

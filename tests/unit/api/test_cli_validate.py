@@ -56,6 +56,26 @@ def test_every_example_is_valid(example, capsys):
     assert "valid" in capsys.readouterr().out
 
 
+def test_cluster_examples_pass_the_cluster_check_and_local_ones_are_told_what_a_cluster_needs(capsys):
+    assert main(["validate", "--cluster", str(REPO / "examples" / "tiny-grpo-cluster.yaml")]) == 0
+    assert main(["validate", "--cluster", "--quiet", str(REPO / "examples" / "tiny-grpo.yaml")]) == 1
+    errors = capsys.readouterr().err
+    assert "spec.checkpoint: on Kubernetes every trainer rank writes its checkpoint shards" in errors
+    assert "spec.data.train: data/tiny-task.jsonl is relative" in errors
+
+
+def test_the_cluster_check_names_a_path_no_pod_that_reads_it_mounts(tmp_path, capsys):
+    manifest = yaml.safe_load((REPO / "examples" / "grpo-7b-vllm.yaml").read_text())
+    del manifest["spec"]["resources"]["rollout"]["podTemplate"]  # the engines start from /models/... too
+    path = write(tmp_path, "job.yaml", yaml.safe_dump(manifest))
+    assert main(["validate", str(path)]) == 0  # valid as a job; only a cluster's pods cannot see the model
+    assert main(["validate", "--cluster", str(path)]) == 1
+    assert (
+        "spec.models.actor.path: /models/Qwen2.5-7B-Instruct is read on the rollout pods, which mount no volume "
+        "holding it; mount one in spec.resources.rollout.podTemplate"
+    ) in capsys.readouterr().err
+
+
 def test_three_mistakes_give_three_field_messages_and_exit_1(tmp_path, capsys):
     path = write(tmp_path, "bad.yaml", THREE_MISTAKES)
     assert main(["validate", str(path)]) == 1

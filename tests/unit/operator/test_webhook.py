@@ -1,36 +1,61 @@
-"""The admission check: the same validation as `kuberl validate`, with field paths in the message."""
+"""The admission check: the same validation as `kuberl validate`, with field paths in the message, and what a
+cluster needs besides (operator/cluster_checks.py): refused without shared checkpoint storage, warned about
+paths the pods that read them do not mount."""
+
+from typing import Any
 
 import pytest
 
 from kuberl.operator.settings import OperatorSettings
-from kuberl.operator.webhook import admission_message, problems_of, server
-from tests.unit.operator.conftest import make_rljob
+from kuberl.operator.webhook import admission_message, review, server
+from tests.unit.operator.conftest import base_spec, make_rljob
 
 
-def test_a_valid_rljob_has_no_problems():
-    assert problems_of(make_rljob()) == []
+def on_a_claim(**changes: Any) -> dict[str, Any]:
+    """base_spec (an hf:// actor, prompts at /data/train.jsonl) with its checkpoints on a claim."""
+    return base_spec() | {"checkpoint": {"pvcClaimName": "ckpt"}} | changes
+
+
+def test_a_valid_rljob_checkpointing_to_a_claim_is_admitted():
+    answer = review(make_rljob(on_a_claim(data={"train": "s3://bucket/train.jsonl"})))
+    assert (answer.problems, answer.warnings) == ([], [])
 
 
 def test_a_cross_field_rule_the_crd_cannot_express_is_reported_with_its_path():
-    job = make_rljob()
-    job["spec"]["algorithm"] = {"name": "ppo"}
-    (problem,) = problems_of(job)
+    job = make_rljob(on_a_claim(algorithm={"name": "ppo"}))
+    (problem,) = review(job).problems
     assert problem.path == "spec.models.critic"
 
 
 def test_every_problem_is_in_the_message_with_its_path():
-    job = make_rljob()
-    job["spec"]["resources"] = {"reward": {"replicas": 1, "minReplicas": 3, "maxReplicas": 2}}
-    job["spec"]["env"] = [{"name": "HF_TOKEN", "value": "x"}]
-    message = admission_message(problems_of(job))
+    job = make_rljob(
+        on_a_claim(
+            resources={"reward": {"replicas": 1, "minReplicas": 3, "maxReplicas": 2}},
+            env=[{"name": "HF_TOKEN", "value": "x"}],
+        )
+    )
+    message = admission_message(review(job).problems)
     assert "spec.resources.reward.minReplicas:" in message
     assert "spec.env[0].name:" in message
     assert message.startswith("invalid RLJob (2 problem(s))")
 
 
+def test_a_job_whose_checkpoints_would_stay_on_the_heads_disk_is_refused():
+    (problem,) = review(make_rljob(base_spec())).problems  # no pvcClaimName, no object-store uri
+    assert problem.path == "spec.checkpoint"
+    assert "head's ephemeral disk" in problem.message
+
+
+def test_a_path_no_pod_that_reads_it_mounts_is_admitted_with_a_warning_naming_it():
+    answer = review(make_rljob(on_a_claim()))  # /data/train.jsonl: the head mounts no /data
+    assert answer.problems == []
+    (warning,) = answer.warnings
+    assert warning.startswith("spec.data.train: /data/train.jsonl is read on the head pods")
+
+
 def test_the_status_is_not_the_webhooks_business():
-    job = make_rljob(status={"phase": "Exploded"})
-    assert problems_of(job) == []
+    job = make_rljob(on_a_claim(), status={"phase": "Exploded"})
+    assert review(job).problems == []
 
 
 def test_the_webhook_is_served_only_with_a_certificate_from_files():

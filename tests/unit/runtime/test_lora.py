@@ -152,3 +152,48 @@ def test_rank_alpha_and_dropout_reach_the_adapters(demo_dir: Path) -> None:
         assert not torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
         model.eval()
         assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_the_exported_adapter_names_its_base_model_as_the_manifest_does_and_a_reader_elsewhere_loads_it(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    import json
+
+    from peft import PeftModel
+
+    from kuberl.runtime.models.lora import save_adapter
+    from kuberl.runtime.models.resolve import ModelLocation
+
+    lora = LoRASpec(rank=4)
+    trainer = trained(lora, demo_dir)
+    adapter = [(name, t.detach().clone()) for name, t in sync_payload(trainer, "adapter")]
+    # demo_dir is this pod's copy of tiny://demo, which exists on no other pod
+    save_adapter(adapter, lora, str(demo_dir), str(tmp_path / "model"), None, "tiny://demo")
+    recorded = json.loads((tmp_path / "model" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert recorded == "tiny://demo"
+
+    # a reader on another machine: its own cache, the base resolved from the name the adapter records
+    base = ModelLocation(recorded, "adapter_config.json").resolve(tmp_path / "reader-cache")
+    assert base != demo_dir
+    reader = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), tmp_path / "model")
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    batch = ForwardInput(ids, torch.ones_like(ids), ids[:, 3:], 3)
+    with torch.no_grad():
+        read = reader(input_ids=ids).logits[0, 2:-1].log_softmax(-1).gather(-1, ids[0, 3:, None]).squeeze(-1)
+    torch.testing.assert_close(read, trainer.logprobs(batch, 1.0, 8)[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("location", "recorded"),
+    [
+        ("hf://Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),  # the hub id PEFT and transformers load
+        ("file:///models/qwen", "/models/qwen"),
+        ("/models/qwen", "/models/qwen"),
+        ("s3://bucket/models/qwen", "s3://bucket/models/qwen"),
+        ("tiny://counter", "tiny://counter"),
+    ],
+)
+def test_the_base_model_is_recorded_as_a_location_a_reader_can_resolve(location: str, recorded: str) -> None:
+    from kuberl.runtime.models.lora import base_model_name
+
+    assert base_model_name(location) == recorded
