@@ -38,15 +38,40 @@ class Review:
     warnings: list[str] = field(default_factory=list)
 
 
-def review(body: dict[str, Any]) -> Review:
-    """An RLJob as the API server would store it, reviewed for a cluster; status is the operator's, not checked."""
-    manifest = {key: body[key] for key in ("apiVersion", "kind", "metadata", "spec") if key in body}
+def review(body: dict[str, Any], old: dict[str, Any] | None = None) -> Review:
+    """An RLJob as the API server would store it, reviewed for a cluster; status is the operator's, not checked.
+
+    `old`, on an update: the stored RLJob. A cluster refusal it already had (a job admitted before the rule
+    existed) is a warning instead, as Kubernetes ratchets its own validation: the owner can still suspend,
+    fix or finish the job; only a new problem is refused.
+    """
     try:
-        job = parse_rljob(manifest)
+        job = parse_rljob(_manifest(body))
     except ManifestError as error:
         return Review(error.problems)
     cluster = review_for_cluster(job)
-    return Review(cluster.refusals, [str(problem) for problem in cluster.unreachable])
+    warnings = [str(problem) for problem in cluster.unreachable]
+    already = _cluster_refusals(old) if old is not None else set()
+    refusals = [problem for problem in cluster.refusals if str(problem) not in already]
+    warnings += [
+        f"{problem} (admitted before this was checked; fix it)"
+        for problem in cluster.refusals
+        if str(problem) in already
+    ]
+    return Review(refusals, warnings)
+
+
+def _manifest(body: dict[str, Any]) -> dict[str, Any]:
+    return {key: body[key] for key in ("apiVersion", "kind", "metadata", "spec") if key in body}
+
+
+def _cluster_refusals(old: dict[str, Any]) -> set[str]:
+    """The cluster refusals of the stored RLJob (none when it no longer parses: then nothing ratchets)."""
+    try:
+        job = parse_rljob(_manifest(old))
+    except ManifestError:
+        return set()
+    return {str(problem) for problem in review_for_cluster(job).refusals}
 
 
 def admission_message(problems: list[Problem]) -> str:
@@ -61,7 +86,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     ) -> None:
         if operation == "UPDATE" and old is not None and old.get("spec") == body.get("spec"):
             return  # metadata-only writes (labels, kopf's annotations) of an already admitted job
-        answer = review(dict(body))
+        answer = review(dict(body), dict(old) if operation == "UPDATE" and old is not None else None)
         if answer.problems:
             raise kopf.AdmissionError(admission_message(answer.problems), code=422)
         warnings.extend(answer.warnings)

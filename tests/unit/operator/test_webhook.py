@@ -2,6 +2,7 @@
 cluster needs besides (operator/cluster_checks.py): refused without shared checkpoint storage, warned about
 paths the pods that read them do not mount."""
 
+import copy
 from typing import Any
 
 import pytest
@@ -44,6 +45,20 @@ def test_a_job_whose_checkpoints_would_stay_on_the_heads_disk_is_refused():
     (problem,) = review(make_rljob(base_spec())).problems  # no pvcClaimName, no object-store uri
     assert problem.path == "spec.checkpoint"
     assert "head's ephemeral disk" in problem.message
+
+
+def test_an_update_of_a_job_admitted_before_the_storage_rule_is_admitted_with_a_warning():
+    """Ratcheting: a stored job without storage can still be suspended; a new problem is still refused."""
+    old = make_rljob(base_spec())  # no storage: stored before the webhook required it
+    suspended = copy.deepcopy(old)
+    suspended["spec"]["runPolicy"] = {"suspend": True}
+    answer = review(suspended, old)
+    assert answer.problems == []
+    assert any("spec.checkpoint" in warning and "admitted before" in warning for warning in answer.warnings)
+    broken = copy.deepcopy(suspended)
+    broken["spec"]["checkpoint"] = {"pvcClaimName": "ckpt", "uri": "/somewhere/else"}  # outside the claim: new
+    assert [problem.path for problem in review(broken, old).problems] == ["spec.checkpoint.uri"]
+    assert review(suspended).problems  # as a new job it is still refused
 
 
 def test_a_path_no_pod_that_reads_it_mounts_is_admitted_with_a_warning_naming_it():
