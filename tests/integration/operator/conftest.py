@@ -2,7 +2,7 @@
 
 `operator` runs one in-process operator for the session (kopf.operator in a thread with its own
 event loop and a stop flag): it watches the `op-*` namespaces the `namespace` fixture hands out,
-resyncs every second, serves the validating webhook on a loopback port and metrics on another. The
+resyncs every second, serves the validating webhook on a loopback port and metrics and /healthz on another. The
 ValidatingWebhookConfiguration that points the API server at it is created here, as the Helm chart
 would (with a URL instead of the chart's Service, which has no pods here).
 The chaos test runs its own operator as a subprocess in a `chaos-*` namespace instead.
@@ -33,6 +33,8 @@ pytestmark = pytest.mark.integration
 RUNTIME_IMAGE = "registry.test/kuberl-runtime:test"
 WEBHOOK_NAME = "test.kuberl.io"
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+#: The session operator's /healthz fails after its event loop stalls this long (test_liveness.py wedges it).
+LOOP_STALL_SECONDS = 2.0
 
 
 @dataclass
@@ -66,9 +68,10 @@ def operator(
         webhook_addr="127.0.0.1",
         webhook_cert=str(certificate),
         webhook_key=str(key),
+        loop_stall_seconds=LOOP_STALL_SECONDS,
     )
     built = build_operator(settings)
-    metrics_server = built.metrics.serve(settings.metrics_port or 0, addr="127.0.0.1")
+    metrics_server = built.metrics.serve(settings.metrics_port or 0, addr="127.0.0.1", health=built.heartbeat.check)
     stop, ready = threading.Event(), threading.Event()
     thread = threading.Thread(
         target=lambda: asyncio.run(serve(built, stop_flag=stop, ready_flag=ready)), name="operator", daemon=True
