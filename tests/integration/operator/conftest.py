@@ -11,6 +11,7 @@ The chaos test runs its own operator as a subprocess in a `chaos-*` namespace in
 import asyncio
 import base64
 import json
+import secrets
 import threading
 import time
 import urllib.error
@@ -87,6 +88,18 @@ def operator(
     thread.join(30)
     metrics_server.shutdown()
     built.close()
+
+
+@pytest.fixture
+def unwatched_namespace(control_plane: ControlPlane) -> Iterator[str]:  # noqa: F811
+    """A namespace of the test's own that no operator of the session watches (theirs are `op-*` and `chart-*`),
+    for a test that runs operators of its own; deleted afterwards."""
+    name = f"own-{secrets.token_hex(3)}"
+    control_plane.request(
+        "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    yield name
+    control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
 def webhook_configuration(name: str, url: str, ca: bytes) -> dict[str, Any]:

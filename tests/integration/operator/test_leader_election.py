@@ -1,6 +1,7 @@
 """Two operator replicas and a Lease: SIGKILL the leader while it reconciles a burst of new RLJobs; the
 standby takes over within the bound the Lease timing gives, every RLJob ends with exactly one RayJob, and
-the standby wrote nothing before it held the Lease.
+the standby wrote nothing before it held the Lease. A leader stopped with SIGTERM (a rolling update, a
+drain) hands the Lease over at once instead of letting it expire.
 
 Both replicas are real `kuberl operator` subprocesses (as in test_chaos.py) in this test's own `lease-*`
 namespace, with test-sized Lease timing, authenticated as one ServiceAccount (as the Deployment's pods
@@ -11,7 +12,6 @@ agent, which is how "who wrote what, when" is read back, not from the operators'
 import datetime
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,21 +48,10 @@ WRITES = {"create", "update", "patch", "delete"}
 
 
 @pytest.fixture
-def lease_namespace(control_plane: ControlPlane) -> Iterator[str]:
-    """A namespace no other operator of the session watches (theirs are `op-*` and `chart-*`)."""
-    name = f"lease-{secrets.token_hex(3)}"
-    control_plane.request(
-        "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    )
-    yield name
-    control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
-
-
-@pytest.fixture
-def operator_kubeconfig(control_plane: ControlPlane, lease_namespace: str, tmp_path: Path) -> Iterator[Path]:
+def operator_kubeconfig(control_plane: ControlPlane, unwatched_namespace: str, tmp_path: Path) -> Iterator[Path]:
     """A kubeconfig with a real token of a ServiceAccount `operator` (bound to cluster-admin for this test):
     the audit log records ServiceAccounts' requests only."""
-    cp, ns = control_plane, lease_namespace
+    cp, ns = control_plane, unwatched_namespace
     cp.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "operator"}})
     binding = f"lease-test-{ns}"
     cp.request(
@@ -85,7 +74,15 @@ def operator_kubeconfig(control_plane: ControlPlane, lease_namespace: str, tmp_p
 class Replica:
     """One `kuberl operator` process with leader election, as one pod of the chart's Deployment runs it."""
 
-    def __init__(self, identity: str, namespace: str, kubeconfig: Path, workdir: Path) -> None:
+    def __init__(
+        self,
+        identity: str,
+        namespace: str,
+        kubeconfig: Path,
+        workdir: Path,
+        lease_duration_seconds: int = LEASE_DURATION_SECONDS,
+        renew_deadline_seconds: float = RENEW_DEADLINE_SECONDS,
+    ) -> None:
         self.identity, self.metrics_port = identity, free_port()
         self.log = workdir / f"{identity}.log"
         env = {
@@ -97,8 +94,8 @@ class Replica:
             "KUBERL_LEASE_NAMESPACE": namespace,
             "KUBERL_LEASE_NAME": LEASE,
             "KUBERL_LEASE_IDENTITY": identity,
-            "KUBERL_LEASE_DURATION_SECONDS": str(LEASE_DURATION_SECONDS),
-            "KUBERL_LEASE_RENEW_DEADLINE_SECONDS": str(RENEW_DEADLINE_SECONDS),
+            "KUBERL_LEASE_DURATION_SECONDS": str(lease_duration_seconds),
+            "KUBERL_LEASE_RENEW_DEADLINE_SECONDS": str(renew_deadline_seconds),
             "KUBERL_LEASE_RETRY_PERIOD_SECONDS": str(RETRY_PERIOD_SECONDS),
         }
         command = [sys.executable, "-m", "kuberl", "operator", "--namespace", namespace]
@@ -116,9 +113,9 @@ class Replica:
         (line,) = [line for line in text.splitlines() if line.startswith("kuberl_operator_leader ")]
         return float(line.split()[1])
 
-    def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=10)
+    def kill(self, how: signal.Signals = signal.SIGKILL) -> None:
+        os.kill(self.process.pid, how)
+        self.process.wait(timeout=30)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -127,6 +124,24 @@ class Replica:
 
     def last_words(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture
+def start_replica(unwatched_namespace: str, operator_kubeconfig: Path) -> Iterator[Callable[..., Replica]]:
+    """Starts replicas of the operator in the test's namespace; stops them all after the test, showing
+    their last log lines (pytest prints them when the test failed)."""
+    workdir = Path(tempfile.mkdtemp(prefix="kuberl-lease-"))
+    started: list[Replica] = []
+
+    def start(identity: str, **timing: Any) -> Replica:
+        started.append(Replica(identity, unwatched_namespace, operator_kubeconfig, workdir, **timing))
+        return started[-1]
+
+    yield start
+    for replica in started:
+        replica.stop()
+        print(f"--- {replica.identity}:\n{replica.last_words()}")  # noqa: T201
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def lease_holder(kube: Kube, namespace: str) -> str | None:
@@ -161,54 +176,43 @@ def rayjob_creates(cp: ControlPlane, namespace: str, identities: tuple[str, ...]
 
 
 def test_the_standby_takes_over_from_a_killed_leader_and_no_rayjob_is_duplicated_or_lost(
-    kube: Kube, control_plane: ControlPlane, lease_namespace: str, operator_kubeconfig: Path
+    kube: Kube, control_plane: ControlPlane, unwatched_namespace: str, start_replica: Callable[..., Replica]
 ):
-    ns, cp = lease_namespace, control_plane
+    ns, cp = unwatched_namespace, control_plane
     cluster = Cluster(kube, ns)
     jobs = [f"job-{index:02d}" for index in range(JOBS)]
-    workdir = Path(tempfile.mkdtemp(prefix="kuberl-lease-"))
-    leader = Replica("replica-a", ns, operator_kubeconfig, workdir)
-    standby: Replica | None = None
-    try:
-        wait_until(lambda: lease_holder(kube, ns) == "replica-a", timeout=30, what="replica-a holding the Lease")
-        standby = Replica("replica-b", ns, operator_kubeconfig, workdir)
-        wait_until(lambda: standby.leader_gauge() == 0.0, timeout=30, what="replica-b up, as a standby")
+    leader = start_replica("replica-a")
+    wait_until(lambda: lease_holder(kube, ns) == "replica-a", timeout=30, what="replica-a holding the Lease")
+    standby = start_replica("replica-b")
+    wait_until(lambda: standby.leader_gauge() == 0.0, timeout=30, what="replica-b up, as a standby")
 
-        def create_all() -> None:
-            for job in jobs:
-                cluster.create(job, tiny_spec())
-                time.sleep(CREATE_EVERY_SECONDS)
+    def create_all() -> None:
+        for job in jobs:
+            cluster.create(job, tiny_spec())
+            time.sleep(CREATE_EVERY_SECONDS)
 
-        creator = threading.Thread(target=create_all, name="creator")
-        creator.start()
-        # Kill the leader mid-reconcile: some jobs have their RayJob, the rest are being created.
-        wait_until(lambda: len(cluster.rayjobs()) >= JOBS // 4, timeout=30, what="the leader creating RayJobs")
-        leader.kill()
-        killed_at, rayjobs_at_kill = time.monotonic(), len(cluster.rayjobs())
-        assert rayjobs_at_kill < JOBS, "the kill came after the leader had finished: nothing was mid-reconcile"
+    creator = threading.Thread(target=create_all, name="creator")
+    creator.start()
+    # Kill the leader mid-reconcile: some jobs have their RayJob, the rest are being created.
+    wait_until(lambda: len(cluster.rayjobs()) >= JOBS // 4, timeout=30, what="the leader creating RayJobs")
+    leader.kill()
+    killed_at, rayjobs_at_kill = time.monotonic(), len(cluster.rayjobs())
+    assert rayjobs_at_kill < JOBS, "the kill came after the leader had finished: nothing was mid-reconcile"
 
-        wait_until(lambda: lease_holder(kube, ns) == "replica-b", timeout=30, what="replica-b taking the Lease")
-        takeover = time.monotonic() - killed_at
-        assert takeover <= TAKEOVER_BOUND_SECONDS, f"took {takeover:.1f} s (bound {TAKEOVER_BOUND_SECONDS} s)"
-        print(f"killed with {rayjobs_at_kill}/{JOBS} RayJobs; replica-b led after {takeover:.1f} s")  # noqa: T201
-        lease = kube.get(lease_path(ns, LEASE))
-        assert lease is not None and lease["spec"]["leaseTransitions"] == 1  # a -> b, what `kubectl get lease` shows
-        creator.join(30)
+    wait_until(lambda: lease_holder(kube, ns) == "replica-b", timeout=30, what="replica-b taking the Lease")
+    takeover = time.monotonic() - killed_at
+    assert takeover <= TAKEOVER_BOUND_SECONDS, f"took {takeover:.1f} s (bound {TAKEOVER_BOUND_SECONDS} s)"
+    print(f"killed with {rayjobs_at_kill}/{JOBS} RayJobs; replica-b led after {takeover:.1f} s")  # noqa: T201
+    lease = kube.get(lease_path(ns, LEASE))
+    assert lease is not None and lease["spec"]["leaseTransitions"] == 1  # a -> b, what `kubectl get lease` shows
+    creator.join(30)
 
-        def converged() -> bool:
-            statuses = [cluster.status(job).get("rayJobName") for job in jobs]
-            return statuses == [f"{job}-0" for job in jobs] and sorted(cluster.rayjobs()) == [f"{j}-0" for j in jobs]
+    def converged() -> bool:
+        statuses = [cluster.status(job).get("rayJobName") for job in jobs]
+        return statuses == [f"{job}-0" for job in jobs] and sorted(cluster.rayjobs()) == [f"{j}-0" for j in jobs]
 
-        wait_until(converged, timeout=30, what=f"every one of {JOBS} RLJobs with exactly its RayJob <job>-0")
-        assert standby.leader_gauge() == 1.0
-    except BaseException:
-        print(leader.last_words(), standby.last_words() if standby else "", sep="\n---\n")  # noqa: T201
-        raise
-    finally:
-        leader.stop()
-        if standby is not None:
-            standby.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    wait_until(converged, timeout=30, what=f"every one of {JOBS} RLJobs with exactly its RayJob <job>-0")
+    assert standby.leader_gauge() == 1.0
 
     # The audit log: each RayJob created exactly once over both replicas (none created twice, whoever did it) ...
     wait_until(
@@ -232,3 +236,23 @@ def test_the_standby_takes_over_from_a_killed_leader_and_no_rayjob_is_duplicated
     ]
     assert early == []
     assert rayjob_creates(cp, ns, ("replica-b",)) > 0  # it did take over the work
+
+
+def test_a_leader_stopped_with_sigterm_releases_the_lease_and_the_standby_leads_without_waiting_for_expiry(
+    kube: Kube, unwatched_namespace: str, start_replica: Callable[..., Replica]
+):
+    ns = unwatched_namespace
+    lease_duration = 60  # an expiry takeover would take a minute: a quick one can only come from the release
+    timing = {"lease_duration_seconds": lease_duration, "renew_deadline_seconds": 40.0}
+    leader = start_replica("replica-a", **timing)
+    wait_until(lambda: lease_holder(kube, ns) == "replica-a", timeout=30, what="replica-a holding the Lease")
+    standby = start_replica("replica-b", **timing)
+    wait_until(lambda: standby.leader_gauge() == 0.0, timeout=30, what="replica-b up, as a standby")
+    stopped_at = time.monotonic()
+    leader.kill(signal.SIGTERM)  # what the kubelet sends first
+    wait_until(lambda: lease_holder(kube, ns) == "replica-b", timeout=30, what="replica-b taking the Lease")
+    handover = time.monotonic() - stopped_at
+    assert handover < lease_duration / 4, f"took {handover:.1f} s: the Lease was not released"
+    print(f"replica-b led {handover:.1f} s after SIGTERM to the leader")  # noqa: T201
+    assert leader.process.returncode == 0
+    assert "released the Lease" in leader.last_words()
