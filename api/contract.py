@@ -53,6 +53,18 @@ KUBERAY_NAMESPACE_ENV = "KUBERL_KUBERAY_NAMESPACE"
 WEBHOOK_ADDR_ENV = "KUBERL_WEBHOOK_ADDR"
 WEBHOOK_CERT_ENV = "KUBERL_WEBHOOK_CERT"
 WEBHOOK_KEY_ENV = "KUBERL_WEBHOOK_KEY"
+#: Leader election (operator/leader.py): the namespace of the Lease; unset, no election (run one replica).
+LEASE_NAMESPACE_ENV = "KUBERL_LEASE_NAMESPACE"
+LEASE_NAME_ENV = "KUBERL_LEASE_NAME"
+#: This replica's holderIdentity in the Lease (default `<hostname>_<random>`, as controller-runtime does).
+LEASE_IDENTITY_ENV = "KUBERL_LEASE_IDENTITY"
+LEASE_DURATION_ENV = "KUBERL_LEASE_DURATION_SECONDS"
+LEASE_RENEW_DEADLINE_ENV = "KUBERL_LEASE_RENEW_DEADLINE_SECONDS"
+LEASE_RETRY_PERIOD_ENV = "KUBERL_LEASE_RETRY_PERIOD_SECONDS"
+#: /healthz fails once the operator's event loop has not run for this long (operator/health.py).
+LOOP_STALL_SECONDS_ENV = "KUBERL_LOOP_STALL_SECONDS"
+#: The Lease's name when KUBERL_LEASE_NAME is unset (the chart names it after the release).
+DEFAULT_LEASE_NAME = "kuberl-operator"
 
 # -- who writes what (server-side apply field managers) -----------------------------
 #: The operator owns spec-derived children and the whole status (it copies the runtime's report into it).

@@ -9,7 +9,7 @@ request that got no answer at all as `ApiUnreachable` (status 0), transient like
 import json
 import os
 import urllib.parse
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 import kubernetes
@@ -94,16 +94,37 @@ def connection_info(configuration: Configuration) -> kopf.ConnectionInfo:
     )
 
 
+class WriteFence(Protocol):
+    """What a Kube asks before each write (operator/leader.py's Leadership is the one the operator uses)."""
+
+    def write_window(self) -> float:
+        """Seconds this process may still write for; raises (leader.NotLeading) when it may not write now."""
+        ...
+
+
 class Kube:
     """JSON over HTTPS with the kubeconfig's credentials.
 
     It speaks urllib3 directly rather than through the kubernetes client's ApiClient, whose request
     API changed between client releases (36 -> 37): the operator works with any of them.
+
+    With a `fence`, every request but a GET asks it first: a write is not sent when the fence is closed,
+    and one that is sent times out when the fence closes, so a replica that lost its Lease writes nothing
+    once a standby may have taken over. `user_agent` names the replica in the API server's audit log.
     """
 
-    def __init__(self, configuration: Configuration, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        configuration: Configuration,
+        timeout: float = 30.0,
+        *,
+        fence: WriteFence | None = None,
+        user_agent: str | None = None,
+    ) -> None:
         self.configuration = configuration
         self.timeout = timeout
+        self.fence = fence
+        self.user_agent = user_agent
         self.pool = urllib3.PoolManager(
             maxsize=configuration.connection_pool_maxsize,
             cert_reqs="CERT_REQUIRED" if configuration.verify_ssl else "CERT_NONE",
@@ -113,8 +134,10 @@ class Kube:
         )
 
     @classmethod
-    def from_environment(cls, pool_size: int = 16) -> "Kube":
-        return cls(load_configuration(pool_size))
+    def from_environment(
+        cls, pool_size: int = 16, *, fence: WriteFence | None = None, user_agent: str | None = None
+    ) -> "Kube":
+        return cls(load_configuration(pool_size), fence=fence, user_agent=user_agent)
 
     def close(self) -> None:
         self.pool.clear()
@@ -136,12 +159,17 @@ class Kube:
         content_type: str = "application/json",
     ) -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type, **self._auth_headers()}
+        if self.user_agent:
+            headers["User-Agent"] = self.user_agent
+        timeout = self.timeout
+        if method != "GET" and self.fence is not None:
+            timeout = min(timeout, self.fence.write_window())  # raises when this replica may not write
         url = self.configuration.host.rstrip("/") + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = json.dumps(body).encode() if body is not None else None
         try:
-            response = self.pool.request(method, url, body=data, headers=headers, timeout=self.timeout, retries=False)
+            response = self.pool.request(method, url, body=data, headers=headers, timeout=timeout, retries=False)
         except (urllib3.exceptions.HTTPError, OSError) as error:  # ProtocolError, NewConnectionError, timeouts
             raise ApiUnreachable(error) from error
         text = response.data.decode("utf-8", "replace") if response.data else ""

@@ -4,12 +4,16 @@ kuberl_operator_reconciles_total          reconcile passes run
 kuberl_operator_reconcile_errors_total    passes that ended in an error (they are retried)
 kuberl_operator_reconcile_seconds         how long a pass took (observe + decide + apply)
 kuberl_operator_jobs{phase="Running"}     RLJobs by phase, as of their latest pass
+kuberl_operator_leader                    1 while this replica reconciles (holds the Lease, or no election), else 0
+
+`serve` answers /metrics and, given a health check, /healthz (health.py) on the same port.
 """
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kuberl.api.enums import Phase
 
@@ -27,6 +31,11 @@ class OperatorMetrics:
             "kuberl_operator_reconcile_seconds", "Duration of a reconcile pass.", registry=self.registry
         )
         self.jobs = Gauge("kuberl_operator_jobs", "RLJobs by phase.", ["phase"], registry=self.registry)
+        self.leader = Gauge(
+            "kuberl_operator_leader",
+            "1 while this replica reconciles (it holds the Lease, or runs without leader election).",
+            registry=self.registry,
+        )
         for phase in Phase:
             self.jobs.labels(phase.value).set(0)
         self._phases: dict[tuple[str, str], str] = {}
@@ -45,7 +54,34 @@ class OperatorMetrics:
             for value, count in counts.items():
                 self.jobs.labels(value).set(count)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
-        """Serve /metrics on `port`; returns the server (call .shutdown() to stop it)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+    def serve(
+        self, port: int, addr: str = "0.0.0.0", health: Callable[[], tuple[bool, str]] | None = None
+    ) -> ThreadingHTTPServer:
+        """Serve /metrics (and /healthz with `health`) on `port` from a thread; call .shutdown() to stop it."""
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self.answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz" and health is not None:
+                    healthy, why = health()
+                    self.answer(200 if healthy else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
+                else:
+                    self.answer(404, b"not found: try /metrics or /healthz\n", "text/plain; charset=utf-8")
+
+            def answer(self, status: int, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - probes every few seconds
+                pass
+
+        server = ThreadingHTTPServer((addr, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="kuberl-metrics", daemon=True).start()
         return server

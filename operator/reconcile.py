@@ -21,6 +21,12 @@ are transient: retried the same way, with no condition.
 (a RayJob status change, an edit, a timer) makes exactly one more pass after it; a decision's
 `requeue_after` schedules the next pass (backoff, deadline, TTL), the resync interval bounds it, and
 a failed pass is retried with an exponential backoff.
+
+With leader election (leader.py) the queue runs passes only while this replica leads. A standby's queue
+still hears every trigger and keeps the jobs concerned `waiting`; `start_leading` gives each of them a
+pass, so the jobs created, changed or half-reconciled while the old leader died are all taken up.
+`stop_leading` cancels the timers and puts their jobs back to waiting; a pass in flight then finds its
+next write refused by the fence (kube.py) and its job waits too.
 """
 
 import asyncio
@@ -48,6 +54,7 @@ from kuberl.operator.decide import (
     transition_events,
 )
 from kuberl.operator.kube import ApiError, Kube
+from kuberl.operator.leader import Leadership
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.status import OperatorStatus, format_time
@@ -235,9 +242,18 @@ class ReconcileQueue:
     keeps refusing is asked less and less often rather than every few seconds forever.
     """
 
-    def __init__(self, reconciler: Reconciler, workers: int, resync_seconds: float = 300.0) -> None:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        workers: int,
+        resync_seconds: float = 300.0,
+        leadership: Leadership | None = None,
+    ) -> None:
         self.reconciler = reconciler
         self.resync_seconds = resync_seconds
+        self.leadership = leadership or Leadership.unelected()
+        #: Jobs that asked for a pass while this replica did not lead: each gets one when it starts leading.
+        self.waiting: set[Key] = set()
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kuberl-reconcile")
         self._running: set[Key] = set()
         self._dirty: set[Key] = set()
@@ -255,7 +271,11 @@ class ReconcileQueue:
         self.request(namespace, name)
 
     def request(self, namespace: str, name: str) -> None:
-        """A pass soon, in the background; returns at once and never raises (failures are retried)."""
+        """A pass soon, in the background; returns at once and never raises (failures are retried).
+        While this replica does not lead, the job waits for it to."""
+        if not self.leadership.leading:
+            self.waiting.add((namespace, name))
+            return
         task = asyncio.get_running_loop().create_task(self._quietly(namespace, name))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -273,6 +293,9 @@ class ReconcileQueue:
         if key in self._running:
             self._dirty.add(key)
             return
+        if not self.leadership.leading:
+            self.waiting.add(key)
+            return
         self._running.add(key)
         loop = asyncio.get_running_loop()
         decision: Decision | None = None
@@ -283,6 +306,10 @@ class ReconcileQueue:
                 if key not in self._dirty:
                     break
         except Exception as error:
+            if not self.leadership.leading:  # fenced mid-pass: the next leader takes the job up
+                logger.info("pass of %s/%s stopped: this replica no longer leads (%s)", namespace, name, error)
+                self.waiting.add(key)
+                return
             failures = self._failures[key] = self._failures.get(key, 0) + 1
             delay = retry_delay(failures)
             logger.warning(
@@ -318,6 +345,21 @@ class ReconcileQueue:
             timer.cancel()
         self._failures.pop(key, None)
         self._generations.pop(key, None)
+        self.waiting.discard(key)
+
+    def start_leading(self) -> None:
+        """This replica now holds the Lease: a pass for every job that waited (in the event loop)."""
+        waiting, self.waiting = sorted(self.waiting), set()
+        logger.info("leading: a pass for each of %d waiting RLJobs", len(waiting))
+        for namespace, name in waiting:
+            self.request(namespace, name)
+
+    def stop_leading(self) -> None:
+        """This replica lost the Lease: no more timed passes; their jobs wait for the next lead."""
+        for key, timer in self._timers.items():
+            timer.cancel()
+            self.waiting.add(key)
+        self._timers.clear()
 
     def close(self) -> None:
         for timer in self._timers.values():

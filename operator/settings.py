@@ -12,9 +12,18 @@
 - KUBERL_WEBHOOK_ADDR (0.0.0.0): the address the webhook listens on (with --webhook-port).
 - KUBERL_WEBHOOK_CERT / KUBERL_WEBHOOK_KEY (required with --webhook-port): the webhook's serving
   certificate and key (PEM files). The ValidatingWebhookConfiguration is the Helm chart's, not the operator's.
+- KUBERL_LEASE_NAMESPACE (unset): leader election over the Lease KUBERL_LEASE_NAME (kuberl-operator) in this
+  namespace; only the replica holding it reconciles (operator/leader.py). Unset: no election, this process
+  reconciles, and exactly one may run. KUBERL_LEASE_IDENTITY (`<hostname>_<random>`): this replica's name in
+  the Lease. KUBERL_LEASE_DURATION_SECONDS / _RENEW_DEADLINE_SECONDS / _RETRY_PERIOD_SECONDS (15 / 10 / 2,
+  client-go's defaults): how long a standby waits for a silent leader, how long a leader may go without
+  renewing before it stops writing, and how often each replica tries.
+- KUBERL_LOOP_STALL_SECONDS (10): /healthz fails when the event loop has not run for this long (operator/health.py).
 """
 
 import os
+import socket
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +33,8 @@ from kuberl.operator.access import KubeRayPeer
 from kuberl.operator.builders import DEFAULT_RAY_VERSION
 
 DEFAULT_KUBERAY_LABELS = "app.kubernetes.io/name=kuberay-operator"
+#: How often the event loop stamps its heartbeat (health.py); the stall limit must exceed it.
+HEARTBEAT_SECONDS = 1.0
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -43,6 +54,68 @@ def default_runtime_image(version: str = __version__) -> str:
     return f"ghcr.io/kuberl/runtime:{version}"
 
 
+def default_identity() -> str:
+    """`<hostname>_<random>`: the pod's name, made unique per process (a restarted container is a new holder)."""
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    """Where the Lease is, who this replica is, and the timing of the protocol (operator/leader.py)."""
+
+    namespace: str
+    name: str = contract.DEFAULT_LEASE_NAME
+    identity: str = field(default_factory=default_identity)
+    #: A standby takes the Lease once it has seen no renewal for this long (whole seconds: the Lease's field).
+    lease_duration_seconds: int = 15
+    #: The leader stops writing once its last successful renewal started this long ago.
+    renew_deadline_seconds: float = 10.0
+    #: How often each replica reads (and the leader renews) the Lease.
+    retry_period_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        duration, renew, retry = self.lease_duration_seconds, self.renew_deadline_seconds, self.retry_period_seconds
+        if not self.namespace or not self.name or not self.identity:
+            raise ValueError(
+                f"{contract.LEASE_NAMESPACE_ENV}, {contract.LEASE_NAME_ENV} and {contract.LEASE_IDENTITY_ENV} "
+                "must not be empty"
+            )
+        if duration < 1 or renew <= 0 or retry <= 0:
+            raise ValueError(
+                f"{contract.LEASE_DURATION_ENV} ({duration}) must be a whole number of seconds >= 1, "
+                f"{contract.LEASE_RENEW_DEADLINE_ENV} ({renew}) and {contract.LEASE_RETRY_PERIOD_ENV} ({retry}) "
+                "must be positive"
+            )
+        if renew >= duration:
+            raise ValueError(
+                f"{contract.LEASE_RENEW_DEADLINE_ENV} ({renew}) must be below {contract.LEASE_DURATION_ENV} "
+                f"({duration}): a leader must stop writing before a standby may take the Lease"
+            )
+        if retry >= renew:
+            raise ValueError(
+                f"{contract.LEASE_RETRY_PERIOD_ENV} ({retry}) must be below {contract.LEASE_RENEW_DEADLINE_ENV} "
+                f"({renew}): a leader needs more than one try to renew before it must stop"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "LeaderElection | None":
+        """None when KUBERL_LEASE_NAMESPACE is unset (no election)."""
+        namespace = env.get(contract.LEASE_NAMESPACE_ENV)
+        if not namespace:
+            return None
+        duration = env.get(contract.LEASE_DURATION_ENV, "15")
+        if not duration.isdigit():
+            raise ValueError(f"{contract.LEASE_DURATION_ENV}: {duration!r} is not a whole number of seconds")
+        return cls(
+            namespace=namespace,
+            name=env.get(contract.LEASE_NAME_ENV) or contract.DEFAULT_LEASE_NAME,
+            identity=env.get(contract.LEASE_IDENTITY_ENV) or default_identity(),
+            lease_duration_seconds=int(duration),
+            renew_deadline_seconds=float(env.get(contract.LEASE_RENEW_DEADLINE_ENV, "10")),
+            retry_period_seconds=float(env.get(contract.LEASE_RETRY_PERIOD_ENV, "2")),
+        )
+
+
 @dataclass(frozen=True)
 class OperatorSettings:
     runtime_image: str = default_runtime_image()
@@ -60,6 +133,10 @@ class OperatorSettings:
     webhook_addr: str = "0.0.0.0"
     webhook_cert: str | None = None
     webhook_key: str | None = None
+    #: None: no leader election, this process reconciles (run one replica only)
+    leader_election: LeaderElection | None = None
+    #: /healthz fails once the event loop has not run for this long
+    loop_stall_seconds: float = 10.0
 
     @classmethod
     def from_env(
@@ -71,6 +148,12 @@ class OperatorSettings:
         webhook_port: int | None = None,
     ) -> "OperatorSettings":
         env = os.environ if env is None else env
+        loop_stall_seconds = float(env.get(contract.LOOP_STALL_SECONDS_ENV, "10"))
+        if loop_stall_seconds <= HEARTBEAT_SECONDS:
+            raise ValueError(
+                f"{contract.LOOP_STALL_SECONDS_ENV} ({loop_stall_seconds:g}) must exceed the event loop's heartbeat "
+                f"interval ({HEARTBEAT_SECONDS:g} s)"
+            )
         return cls(
             runtime_image=env.get(contract.RUNTIME_IMAGE_ENV) or default_runtime_image(),
             resync_seconds=float(env.get(contract.RESYNC_SECONDS_ENV, "300")),
@@ -88,4 +171,6 @@ class OperatorSettings:
             webhook_addr=env.get(contract.WEBHOOK_ADDR_ENV, "0.0.0.0"),
             webhook_cert=env.get(contract.WEBHOOK_CERT_ENV) or None,
             webhook_key=env.get(contract.WEBHOOK_KEY_ENV) or None,
+            leader_election=LeaderElection.from_env(env),
+            loop_stall_seconds=loop_stall_seconds,
         )

@@ -75,6 +75,17 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* More than one replica needs leader election; the leader must stop before a standby may start. */}}
+{{- define "kuberl.checkReplicas" -}}
+{{- $election := .Values.operator.leaderElection }}
+{{- if and (gt (int .Values.operator.replicas) 1) (not $election.enabled) }}
+{{- fail (printf "operator.replicas is %d but operator.leaderElection.enabled is false: every replica would reconcile every RLJob; enable leader election or set operator.replicas to 1" (int .Values.operator.replicas)) }}
+{{- end }}
+{{- if and $election.enabled (ge (float64 $election.renewDeadlineSeconds) (float64 $election.leaseDurationSeconds)) }}
+{{- fail "operator.leaderElection.renewDeadlineSeconds must be below leaseDurationSeconds: the leader must stop reconciling before a standby may take over" }}
+{{- end }}
+{{- end }}
+
 {{/* The namespaces the operator watches with rbac.scope=namespace (JSON list). */}}
 {{- define "kuberl.watchNamespaces" -}}
 {{- if .Values.watchNamespaces }}

@@ -2,7 +2,7 @@
 
 `operator` runs one in-process operator for the session (kopf.operator in a thread with its own
 event loop and a stop flag): it watches the `op-*` namespaces the `namespace` fixture hands out,
-resyncs every second, serves the validating webhook on a loopback port and metrics on another. The
+resyncs every second, serves the validating webhook on a loopback port and metrics and /healthz on another. The
 ValidatingWebhookConfiguration that points the API server at it is created here, as the Helm chart
 would (with a URL instead of the chart's Service, which has no pods here).
 The chaos test runs its own operator as a subprocess in a `chaos-*` namespace instead.
@@ -11,6 +11,7 @@ The chaos test runs its own operator as a subprocess in a `chaos-*` namespace in
 import asyncio
 import base64
 import json
+import secrets
 import threading
 import time
 import urllib.error
@@ -33,6 +34,8 @@ pytestmark = pytest.mark.integration
 RUNTIME_IMAGE = "registry.test/kuberl-runtime:test"
 WEBHOOK_NAME = "test.kuberl.io"
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+#: The session operator's /healthz fails after its event loop stalls this long (test_liveness.py wedges it).
+LOOP_STALL_SECONDS = 2.0
 
 
 @dataclass
@@ -66,9 +69,10 @@ def operator(
         webhook_addr="127.0.0.1",
         webhook_cert=str(certificate),
         webhook_key=str(key),
+        loop_stall_seconds=LOOP_STALL_SECONDS,
     )
     built = build_operator(settings)
-    metrics_server = built.metrics.serve(settings.metrics_port or 0, addr="127.0.0.1")
+    metrics_server = built.metrics.serve(settings.metrics_port or 0, addr="127.0.0.1", health=built.heartbeat.check)
     stop, ready = threading.Event(), threading.Event()
     thread = threading.Thread(
         target=lambda: asyncio.run(serve(built, stop_flag=stop, ready_flag=ready)), name="operator", daemon=True
@@ -84,6 +88,18 @@ def operator(
     thread.join(30)
     metrics_server.shutdown()
     built.close()
+
+
+@pytest.fixture
+def unwatched_namespace(control_plane: ControlPlane) -> Iterator[str]:  # noqa: F811
+    """A namespace of the test's own that no operator of the session watches (theirs are `op-*` and `chart-*`),
+    for a test that runs operators of its own; deleted afterwards."""
+    name = f"own-{secrets.token_hex(3)}"
+    control_plane.request(
+        "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    yield name
+    control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
 def webhook_configuration(name: str, url: str, ca: bytes) -> dict[str, Any]:

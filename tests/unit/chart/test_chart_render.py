@@ -35,6 +35,8 @@ EVERYTHING_ON: dict[str, Any] = {
     "metrics": {"serviceMonitor": {"enabled": True}},
     "webhook": {"certManager": {"enabled": True}},
 }
+#: The Role and RoleBinding of the operator's Lease, in the release namespace.
+LEADER_ELECTION = "kuberl-leader-election"
 SCOPES = pytest.mark.parametrize("values", [CLUSTER, NAMESPACED], ids=["cluster", "namespace"])
 
 
@@ -79,8 +81,8 @@ def test_operator_has_requests_limits_and_probes(values: dict[str, Any]):
     container = operator_container(render(values))
     assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
     assert container["resources"]["limits"] == {"memory": "512Mi"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
-    assert container["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}  # the event loop's pulse
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "webhook"}  # every replica serves the webhook
 
 
 @pytest.mark.parametrize("values", [CLUSTER, NAMESPACED, EVERYTHING_ON], ids=["cluster", "namespace", "all-on"])
@@ -107,8 +109,8 @@ def test_operator_never_touches_pods_and_may_only_create_secrets_and_rbac(values
 
 def test_cluster_scope_grants_one_cluster_role_and_watches_everywhere():
     objects = render(CLUSTER)
-    assert of_kind(objects, "Role") == []
-    assert of_kind(objects, "RoleBinding") == []  # each job's own is made by the operator
+    assert [role["metadata"]["name"] for role in of_kind(objects, "Role")] == [LEADER_ELECTION]  # its Lease only
+    assert [b["metadata"]["name"] for b in of_kind(objects, "RoleBinding")] == [LEADER_ELECTION]
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == "kuberl-kuberl-system"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl", "namespace": RELEASE_NAMESPACE}]
@@ -119,13 +121,13 @@ def test_cluster_scope_grants_one_cluster_role_and_watches_everywhere():
 
 def test_namespace_scope_grants_roles_only_in_the_watched_namespaces():
     objects = render(NAMESPACED)
-    roles = of_kind(objects, "Role")
+    roles = [role for role in of_kind(objects, "Role") if role["metadata"]["name"] != LEADER_ELECTION]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
     operator_role = one(objects, "ClusterRole", "kuberl-kuberl-system")
     cluster_wide = {r for rule in operator_role["rules"] for r in rule["resources"]}
     assert cluster_wide.isdisjoint({"rljobs", "rayjobs", "configmaps", "events"})
     assert operator_args(objects).namespace == ["team-a", "team-b"]
-    bindings = [b for b in of_kind(objects, "RoleBinding") if b["roleRef"]["kind"] == "Role"]
+    bindings = [b for b in of_kind(objects, "RoleBinding") if b["roleRef"]["name"] != LEADER_ELECTION]
     assert {(b["metadata"]["namespace"], b["subjects"][0]["namespace"]) for b in bindings} == {
         ("team-a", RELEASE_NAMESPACE),
         ("team-b", RELEASE_NAMESPACE),
@@ -134,7 +136,8 @@ def test_namespace_scope_grants_roles_only_in_the_watched_namespaces():
 
 def test_namespace_scope_without_a_list_watches_the_release_namespace():
     objects = render({"rbac": {"scope": "namespace"}})
-    assert [role["metadata"]["namespace"] for role in of_kind(objects, "Role")] == [RELEASE_NAMESPACE]
+    roles = {(role["metadata"]["namespace"], role["metadata"]["name"]) for role in of_kind(objects, "Role")}
+    assert roles == {(RELEASE_NAMESPACE, "kuberl"), (RELEASE_NAMESPACE, LEADER_ELECTION)}
     assert operator_args(objects).namespace == [RELEASE_NAMESPACE]
 
 
@@ -239,10 +242,69 @@ def test_image_tags_default_to_the_app_version():
     assert container_env(container)["KUBERL_RUNTIME_IMAGE"] == "ghcr.io/kuberl/runtime:0.1.0"
 
 
-def test_one_replica_replaced_with_recreate():
-    spec = one(render(CLUSTER), "Deployment")["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+def test_two_replicas_elect_a_leader_and_roll_without_a_gap_in_the_webhook():
+    objects = render(CLUSTER)
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    election = OperatorSettings.from_env(container_env(operator_container(objects))).leader_election
+    assert election is not None
+    assert (election.namespace, election.name) == (RELEASE_NAMESPACE, "kuberl")
+    assert (election.lease_duration_seconds, election.renew_deadline_seconds, election.retry_period_seconds) == (
+        15,
+        10.0,
+        2.0,
+    )
+
+
+def test_without_leader_election_one_replica_is_replaced_with_recreate():
+    objects = render({"operator": {"replicas": 1, "leaderElection": {"enabled": False}}})
+    spec = one(objects, "Deployment")["spec"]
+    assert (spec["replicas"], spec["strategy"]) == (1, {"type": "Recreate"})
+    assert OperatorSettings.from_env(container_env(operator_container(objects))).leader_election is None
+    assert not any(r["resources"] == ["leases"] for _, r in rbac_rules(objects))
+    assert of_kind(objects, "PodDisruptionBudget") == []
+
+
+def test_two_replicas_without_leader_election_are_refused():
+    with pytest.raises(helm_python.HelmRenderError, match="operator.leaderElection.enabled is false"):
+        render({"operator": {"leaderElection": {"enabled": False}}})
+
+
+def test_a_renew_deadline_not_below_the_lease_duration_is_refused():
+    election = {"leaseDurationSeconds": 10, "renewDeadlineSeconds": 10}
+    with pytest.raises(helm_python.HelmRenderError, match="renewDeadlineSeconds must be below leaseDurationSeconds"):
+        render({"operator": {"leaderElection": election}})
+
+
+@SCOPES
+def test_the_operator_may_read_and_renew_only_its_own_lease_in_the_release_namespace(values: dict[str, Any]):
+    objects = render(values)
+    role = one(objects, "Role", LEADER_ELECTION)
+    assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["kuberl"],  # the Lease the operator is told to use
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]
+    binding = one(objects, "RoleBinding", LEADER_ELECTION)
+    assert binding["roleRef"]["name"] == LEADER_ELECTION
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl", "namespace": RELEASE_NAMESPACE}]
+    lease_rules = [(r, rule) for r, rule in rbac_rules(objects) if "leases" in rule["resources"]]
+    assert [r["metadata"]["name"] for r, _ in lease_rules] == [LEADER_ELECTION] * 2  # nowhere else
+
+
+def test_a_disruption_budget_keeps_one_operator_pod_through_a_drain():
+    objects = render(CLUSTER)
+    budget = one(objects, "PodDisruptionBudget")
+    pod = one(objects, "Deployment")["spec"]["template"]
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert of_kind(render({"operator": {"podDisruptionBudget": {"enabled": False}}}), "PodDisruptionBudget") == []
 
 
 def test_container_args_and_env_are_settings_the_operator_reads():
@@ -287,7 +349,7 @@ def test_webhook_disabled_removes_its_port_service_and_rbac():
     assert "KUBERL_WEBHOOK_CERT" not in container_env(container)
     assert [s["metadata"]["name"] for s in of_kind(objects, "Service")] == ["kuberl-metrics"]
     assert of_kind(objects, "ValidatingWebhookConfiguration") == of_kind(objects, "Secret") == []
-    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 
 
 def test_service_monitor_only_when_asked():
