@@ -217,6 +217,9 @@ def build_tiny_model(name: str, directory: Path) -> Path:
         elif name == "tool-demo":
             teach_tool_format(model, tokenizer, seed=name_seed(name))
     directory.mkdir(parents=True, exist_ok=True)
+    # transformers saves nothing but the tokenizer on a rank other than 0 of an initialised process group. A
+    # trainer rank on a pod of its own builds a copy of its own in its own cache, so whoever builds it saves it.
+    model.should_save_on_this_rank = lambda is_main_process: True  # type: ignore[method-assign]
     model.save_pretrained(directory)
     # save_jinja_files=False keeps the chat template inside tokenizer_config.json, where older readers look.
     tokenizer.save_pretrained(directory, save_jinja_files=False)

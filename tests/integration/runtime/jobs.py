@@ -1,6 +1,7 @@
 """RLJobs for runtime tests: the demo manifest with a few fields changed."""
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -14,16 +15,21 @@ DEMO = REPO / "examples" / "tiny-grpo.yaml"
 def demo_job(**changes: object) -> RLJob:
     """The demo job with dotted-path changes, e.g. demo_job(**{"training.totalSteps": 5})."""
     manifest = yaml.safe_load(DEMO.read_text())
+    apply_changes(manifest["spec"], changes)
+    return parse_rljob(manifest)
+
+
+def apply_changes(node: dict, changes: Mapping[str, object]) -> None:
+    """Set each dotted path of `changes` below `node` (a copy of its value); a value of None removes the field."""
     for dotted, value in changes.items():
-        node = manifest["spec"]
+        parent = node
         *parents, leaf = dotted.split(".")
         for part in parents:
-            node = node.setdefault(part, {})
+            parent = parent.setdefault(part, {})
         if value is None:
-            node.pop(leaf, None)
+            parent.pop(leaf, None)
         else:
-            node[leaf] = copy.deepcopy(value)
-    return parse_rljob(manifest)
+            parent[leaf] = copy.deepcopy(value)
 
 
 def demo_base_dir() -> Path:

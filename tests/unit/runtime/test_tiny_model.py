@@ -117,6 +117,16 @@ def test_a_build_in_another_process_is_byte_identical(tmp_path: Path, demo_dir: 
         assert sha256(tmp_path / "other" / name) == sha256(demo_dir / name), name
 
 
+def test_a_build_on_a_trainer_rank_other_than_0_is_whole(tmp_path: Path, demo_dir: Path, monkeypatch) -> None:
+    # Rank 1 of an initialised process group, as a trainer on a pod of its own builds its copy: transformers'
+    # save_pretrained writes nothing but the tokenizer there unless told this model is the builder's own.
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *args, **kwargs: 1)
+    folder = build_tiny_model("demo", tmp_path / "rank-1")
+    for name in ("model.safetensors", "config.json"):
+        assert sha256(folder / name) == sha256(demo_dir / name), name
+
+
 def test_different_names_get_different_weights(tmp_path: Path, demo_dir: Path) -> None:
     reward = build_tiny_model("reward-demo", tmp_path / "reward")
     assert sha256(reward / "model.safetensors") != sha256(demo_dir / "model.safetensors")
