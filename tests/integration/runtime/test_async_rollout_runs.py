@@ -35,9 +35,9 @@ SEPARATE = {  # one actor rank and one rollout replica: the fewest processes tha
 }
 
 
-def async_job(tmp_path, staleness: int):
+def async_job(tmp_path, staleness: int, **changes: object):
     """The demo on a copy of its prompts in which every record has an id of its own (records travel whole
-    with their samples, so the trainer sees which ones it trains)."""
+    with their samples, so the trainer sees which ones it trains); `changes` as demo_job's."""
     records = [json.loads(line) for line in (demo_base_dir() / "data" / "tiny-task.jsonl").read_text().splitlines()]
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({**record, "id": i}) + "\n" for i, record in enumerate(records)))
@@ -51,6 +51,7 @@ def async_job(tmp_path, staleness: int):
             "data.validation": str(VALIDATION),
             "training.validationEverySteps": 2,  # the pool stops generating ahead to validate the newest weights
             "checkpoint.uri": str(tmp_path / "checkpoints"),
+            **changes,
         },
     )
 

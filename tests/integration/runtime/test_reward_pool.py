@@ -17,7 +17,7 @@ import pytest
 
 from kuberl.api.resources import RoleResources
 from kuberl.api.topology import ActorGroup, reward_group
-from kuberl.runtime.rewards.autoscale import ScalePolicy
+from kuberl.runtime.autoscale import ScalePolicy
 from kuberl.runtime.rewards.functions import RewardConfigError, RewardResult
 from kuberl.runtime.rewards.pool import RewardPool
 
