@@ -37,13 +37,13 @@ SEPARATE = {  # one actor rank and one rollout replica: the fewest processes tha
 
 def async_job(tmp_path, staleness: int, **changes: object):
     """The demo on a copy of its prompts in which every record has an id of its own (records travel whole
-    with their samples, so the trainer sees which ones it trains); `changes` as demo_job's."""
+    with their samples, so the trainer sees which ones it trains); `changes` as demo_job's, over these."""
     records = [json.loads(line) for line in (demo_base_dir() / "data" / "tiny-task.jsonl").read_text().splitlines()]
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({**record, "id": i}) + "\n" for i, record in enumerate(records)))
     return demo_job(
-        **SEPARATE,
         **{
+            **SEPARATE,
             "data.train": str(data),
             "rollout.maxStaleness": staleness,
             "algorithm.rolloutCorrection": {"importanceSampling": "token"},

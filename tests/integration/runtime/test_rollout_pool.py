@@ -142,6 +142,7 @@ def test_a_replica_killed_mid_generation_loses_no_chunk_and_its_replacement_hold
     assert 1 <= size <= 2
 
 
+@pytest.mark.slow
 def test_an_asynchronous_run_on_an_elastic_pool_keeps_its_bound_and_its_batches_through_a_replica_kill(
     tmp_path, monkeypatch, ray_session
 ):
