@@ -18,9 +18,12 @@ between the same bounds on one machine.
 """
 
 import logging
+import statistics
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import ray
@@ -28,6 +31,7 @@ from ray.exceptions import GetTimeoutError
 
 from kuberl.api.topology import ActorGroup
 from kuberl.runtime.autoscale import PoolBounds, ScaleEvent, ScalePolicy, decide_pool_size
+from kuberl.runtime.deadline import current_deadline
 from kuberl.runtime.workers.group import call_outcome
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,15 @@ class PoolWorker:
     idle_since: float
 
 
+@dataclass(kw_only=True)
+class PendingCall:
+    """One caller's request (a `score`, a `generate`): done once each of its pieces has a result, or failed."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    waits: list[float] = field(default_factory=list)  # seconds each of its pieces waited in the queue
+
+
 W = TypeVar("W", bound=PoolWorker)
 
 
@@ -50,8 +63,9 @@ class ElasticPool(Generic[W]):
     """The workers of one elastic pool and the thread that schedules and scales them (see the module).
 
     A pool defines: `_launch` (start an actor and its setup), `_setup_call`, `_is_ready`, `_mark_ready`,
-    `_calls_of` (the calls under way), `_settle`, `_schedule`, `_queue_state`, `_idle` and `_fail_waiting`;
-    `_is_starting` when more than the workers still setting up cannot take work yet.
+    `_calls_of` (the calls under way), `_settle`, `_schedule`, `_queue_state` and `_idle`; `_is_starting`
+    when more than the workers still setting up cannot take work yet. Callers' requests wait in `_waiting`
+    (`_await`), their pieces in `_queue`.
     The subclass's __init__ ends with `_start(first)`. Everything but __init__ runs under `_lock`.
     """
 
@@ -74,6 +88,9 @@ class ElasticPool(Generic[W]):
         self._growth_stopped = False
         self._broken: BaseException | None = None
         self._peak = 0
+        self._queue: deque[Any] = deque()  # pieces of work waiting for a worker
+        self._waiting: list[PendingCall] = []  # the callers' requests under way
+        self._last_waits: list[float] = []  # the queue waits of the latest request's pieces
         self._thread = threading.Thread(target=self._run, name=f"kuberl-{group.name}-pool", daemon=True)
 
     # -- what each pool defines ----------------------------------------------------------------------
@@ -110,10 +127,6 @@ class ElasticPool(Generic[W]):
         """Asked for but not able to take work yet (what a growing pool need not ask for again)."""
         return not self._is_ready(worker)
 
-    def _fail_waiting(self, error: BaseException) -> None:
-        """Fail every caller waiting for a result, with `error`."""
-        raise NotImplementedError
-
     # -- shared --------------------------------------------------------------------------------------
     @property
     def size(self) -> int:
@@ -136,16 +149,43 @@ class ElasticPool(Generic[W]):
             self._broken = self._broken or self.error_type(f"the {self.bounds.pool} pool was shut down")
             self._fail_waiting(self._broken)
 
-    def _scale_metrics(self) -> dict[str, float]:
-        """`<pool>/pool_size` now, its peak, scale-ups and -downs and the pool's counters; the caller holds the lock."""
+    def metrics(self) -> dict[str, float]:
+        """`<pool>/pool_size` now (telemetry's REWARD_POOL_SIZE, ROLLOUT_POOL_SIZE) and at its largest during
+        the latest request; scale-ups and -downs and the pool's counters (deaths, requeues, failed starts ...)
+        since it started; the queue waits (mean, max) of the latest request's pieces."""
         prefix = self.bounds.pool
-        return {
-            f"{prefix}/pool_size": float(len(self._workers)),
-            f"{prefix}/pool_size_peak": float(max(self._peak, len(self._workers))),
-            f"{prefix}/scale_ups": float(sum(event.after > event.before for event in self._events)),
-            f"{prefix}/scale_downs": float(sum(event.after < event.before for event in self._events)),
-            **{f"{prefix}/{name}": float(count) for name, count in self._counts.items()},
-        }
+        with self._lock:
+            waits = self._last_waits
+            return {
+                f"{prefix}/pool_size": float(len(self._workers)),
+                f"{prefix}/pool_size_peak": float(max(self._peak, len(self._workers))),
+                f"{prefix}/scale_ups": float(sum(event.after > event.before for event in self._events)),
+                f"{prefix}/scale_downs": float(sum(event.after < event.before for event in self._events)),
+                f"{prefix}/queue_wait_seconds": statistics.fmean(waits) if waits else 0.0,
+                f"{prefix}/queue_wait_max_seconds": max(waits, default=0.0),
+                **{f"{prefix}/{name}": float(count) for name, count in self._counts.items()},
+            }
+
+    def _await(self, call: PendingCall, progress: Callable[[], str]) -> None:
+        """Waits for `call` (already in `_waiting`, its pieces queued) within the step's deadline; past it the
+        call fails with StepTimeoutError naming `progress()` (what got done) and its queued pieces are dropped."""
+        deadline = current_deadline()
+        call.done.wait(deadline.time_left() if deadline is not None else None)
+        with self._lock:
+            self._waiting.remove(call)
+            self._last_waits = call.waits
+            if not call.done.is_set():
+                assert deadline is not None
+                call.error = deadline.exceeded(progress())
+                call.done.set()
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        """Every request still waiting fails with `error`; the queue empties."""
+        for call in self._waiting:
+            if not call.done.is_set():
+                call.error = error
+                call.done.set()
+        self._queue.clear()
 
     def _start(self, count: int) -> None:
         """The first `count` workers, ready (start-up fails fast: a typo, a missing package raise here), then the

@@ -29,19 +29,16 @@ replica released on scale-down is always an idle one, so nothing it held is lost
 already done is dropped. A chunk whose replicas died, or raised, `max_batch_attempts` times fails the call
 with the reason. Replicas below minReplicas (a death) are replaced at once.
 
-Starting, releasing and scaling the replicas is the reward pool's machinery (elastic_pool.py): each
+Starting, releasing and scaling the replicas is shared with the reward pool (elastic_pool.py): each
 replica asks Ray for a unit of `kuberl_rollout` plus its CPUs and GPUs (api/topology.py `rollout_group`),
 so on Kubernetes a replica the cluster cannot place makes the KubeRay autoscaler add a rollout pod, and a
 released one leaves its pod idle for the autoscaler to remove.
 """
 
 import logging
-import statistics
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -50,7 +47,7 @@ from ray.exceptions import RayActorError
 from kuberl.api.topology import ActorGroup
 from kuberl.runtime.autoscale import ScalePolicy
 from kuberl.runtime.deadline import bounded_get, current_deadline
-from kuberl.runtime.elastic_pool import ElasticPool, PoolWorker
+from kuberl.runtime.elastic_pool import ElasticPool, PendingCall, PoolWorker
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.workers.group import ray_actor_options
@@ -76,15 +73,12 @@ class ChunkResult:
 
 
 @dataclass
-class _Call:
-    """One `generate` call: its chunks' results so far, and their queue waits."""
+class _Call(PendingCall):
+    """One `generate` call: the weights it generates with, and its chunks' results so far."""
 
     version: int
     results: dict[int, ChunkResult]
     expected: int
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-    waits: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -124,14 +118,11 @@ class RolloutPool(ElasticPool[_Replica]):
         self.chunks = self.bounds.max_size  # parts a step's prompts are cut into (see the module)
         self._setup_args = (job_manifest, model, tokenizer_at, max(1, int(group.cpus)))
         self._remote: Any = ray.remote(worker_cls).options(**ray_actor_options(group), max_concurrency=1)
-        self._queue: deque[_Chunk] = deque()
-        self._calls: list[_Call] = []
         self._weights: tuple[list[Any], int] | None = None  # the newest buckets and their version
         self.version = 0  # the weights every replica that generates holds (0: the initial model)
         self._load_results: list[dict[str, float]] = []
         self._load_error: BaseException | None = None
         self._counts.update(requeued_chunks=0, replica_deaths=0, duplicates_dropped=0)
-        self._last_waits: list[float] = []
         self._start(group.actors)
 
     # -- public -----------------------------------------------------------------------------------
@@ -147,21 +138,15 @@ class RolloutPool(ElasticPool[_Replica]):
                     self._queue.append(_Chunk(call, index, (prompts, params), now))
                 else:  # more chunks than prompts: nothing to generate
                     call.results[index] = ChunkResult([], call.version, 0)
-            self._calls.append(call)
+            self._waiting.append(call)
             self._peak = len(self._workers)
             self._finish_if_complete(call)
             self._schedule(now)
-        deadline = current_deadline()
-        call.done.wait(deadline.time_left() if deadline is not None else None)
-        with self._lock:
-            self._calls.remove(call)
-            self._last_waits = call.waits
-            if not call.done.is_set():  # the step's time is up: its queued chunks are dropped
-                assert deadline is not None
-                call.error = deadline.exceeded(
-                    f"the rollout pool ({len(call.results)} of {call.expected} chunks generated)"
-                )
-                call.done.set()
+
+        def generated() -> str:  # what a step out of time got done
+            return f"the rollout pool ({len(call.results)} of {call.expected} chunks generated)"
+
+        self._await(call, generated)
         if call.error is not None:
             raise call.error
         return [call.results[index] for index in range(call.expected)]
@@ -170,7 +155,7 @@ class RolloutPool(ElasticPool[_Replica]):
         """Every set-up replica loads `buckets` in place and takes on `version` (those that join later load
         them before they generate); the sync metrics of each replica that loaded them now."""
         with self._lock:
-            if self._calls:
+            if self._waiting:
                 raise RuntimeError("the rollout pool was asked to load weights while it generates")
             if version < self.version:
                 raise ValueError(f"weight version {version} is older than the pool's {self.version}")
@@ -195,17 +180,6 @@ class RolloutPool(ElasticPool[_Replica]):
                 number: r.actor
                 for number, r in sorted(self._workers.items())
                 if r.version == self.version and (generating is None or (r.doing == "generate") == generating)
-            }
-
-    def metrics(self) -> dict[str, float]:
-        """Pool size now and at its largest during the last `generate`; scale events, requeues, deaths and
-        failed starts since the pool started; queue waits (mean, max) of the last `generate`'s chunks."""
-        with self._lock:
-            waits = self._last_waits
-            return {
-                **self._scale_metrics(),
-                "rollout/queue_wait_seconds": statistics.fmean(waits) if waits else 0.0,
-                "rollout/queue_wait_max_seconds": max(waits, default=0.0),
             }
 
     # -- waiting -------------------------------------------------------------------------------------
@@ -312,13 +286,6 @@ class RolloutPool(ElasticPool[_Replica]):
     def _finish_if_complete(call: _Call) -> None:
         if len(call.results) == call.expected:
             call.done.set()
-
-    def _fail_waiting(self, error: BaseException) -> None:
-        for call in self._calls:
-            if not call.done.is_set():
-                call.error = error
-                call.done.set()
-        self._queue.clear()
 
     def _schedule(self, now: float) -> None:
         """Idle replicas first take the newest weights if they lack them, then the queued chunks in order."""

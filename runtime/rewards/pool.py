@@ -34,10 +34,7 @@ StepTimeoutError.
 """
 
 import logging
-import statistics
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +44,8 @@ from ray.exceptions import RayActorError
 from kuberl.api import RewardSpec
 from kuberl.api.topology import ActorGroup
 from kuberl.runtime.autoscale import ScalePolicy
-from kuberl.runtime.deadline import StepTimeoutError, current_deadline
-from kuberl.runtime.elastic_pool import ElasticPool, PoolWorker
+from kuberl.runtime.deadline import StepTimeoutError
+from kuberl.runtime.elastic_pool import ElasticPool, PendingCall, PoolWorker
 from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.rewards.functions import RewardResult
 from kuberl.runtime.rewards.ledger import ResultLedger
@@ -63,16 +60,13 @@ class RewardPoolError(RuntimeError):
 
 
 @dataclass
-class _Job:
-    """One `score` call: its samples, their results so far, and the queue waits of its batches."""
+class _Job(PendingCall):
+    """One `score` call: its samples and their results so far."""
 
     prompts: list[str]
     completions: list[str]
     samples: list[dict[str, Any]]
     ledger: ResultLedger
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-    waits: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -117,11 +111,8 @@ class RewardPool(ElasticPool[_Worker]):
         self._manifest = reward_manifest
         self._model = model  # spec.reward.model's location: each worker resolves it on its own node
         self._remote: Any = ray.remote(RewardWorker).options(**ray_actor_options(group), max_concurrency=self.slots)
-        self._queue: deque[_Batch] = deque()
-        self._jobs: list[_Job] = []
         self._counts.update(requeued_batches=0, worker_deaths=0, duplicates_dropped=0, batch_timeouts=0)
         self._last_failure: str | None = None
-        self._last_waits: list[float] = []
         self._start(group.actors)
 
     # -- public -----------------------------------------------------------------------------------
@@ -141,19 +132,14 @@ class RewardPool(ElasticPool[_Worker]):
             for start in range(0, len(completions), self.batch_size):
                 indices = list(range(start, min(start + self.batch_size, len(completions))))
                 self._queue.append(_Batch(job, indices, now))
-            self._jobs.append(job)
+            self._waiting.append(job)
             self._peak = len(self._workers)
             self._dispatch(now)
-        deadline = current_deadline()
-        job.done.wait(deadline.time_left() if deadline is not None else None)
-        with self._lock:
-            self._jobs.remove(job)
-            self._last_waits = job.waits
-            if not job.done.is_set():  # the step's time is up; the call's queued batches are skipped
-                assert deadline is not None
-                scored = len(completions) - job.ledger.missing
-                job.error = deadline.exceeded(f"the reward pool ({scored} of {len(completions)} samples scored)")
-                job.done.set()
+
+        def scored() -> str:  # what a step out of time got done
+            return f"the reward pool ({len(completions) - job.ledger.missing} of {len(completions)} samples scored)"
+
+        self._await(job, scored)
         if isinstance(job.error, StepTimeoutError):
             raise job.error
         if job.error is not None:
@@ -166,17 +152,6 @@ class RewardPool(ElasticPool[_Worker]):
     def last_failure(self) -> str | None:
         """The reason of the last failed sample of the latest `score` call, if one failed."""
         return self._last_failure
-
-    def metrics(self) -> dict[str, float]:
-        """Pool size now and at its largest during the last `score`; scale events, requeues, deaths and
-        dropped duplicates since the pool started; queue waits (mean, max) of the last `score`'s batches."""
-        with self._lock:
-            waits = self._last_waits
-            return {  # reward/pool_size (telemetry.REWARD_POOL_SIZE) is what status.metrics.rewardWorkers reports
-                **self._scale_metrics(),
-                "reward/queue_wait_seconds": statistics.fmean(waits) if waits else 0.0,
-                "reward/queue_wait_max_seconds": max(waits, default=0.0),
-            }
 
     def actors(self, *, busy: bool | None = None) -> list[Any]:
         """Handles of the ready workers' actors; busy=True: only those scoring a batch now, False: only idle ones."""
@@ -282,13 +257,6 @@ class RewardPool(ElasticPool[_Worker]):
     def _finish_if_complete(self, job: _Job) -> None:
         if job.ledger.complete:
             job.done.set()
-
-    def _fail_waiting(self, error: BaseException) -> None:
-        for job in self._jobs:
-            if not job.done.is_set():
-                job.error = error
-                job.done.set()
-        self._queue.clear()
 
     def _dispatch(self, now: float) -> None:
         """Queued batches to ready workers with a free slot, the least loaded first."""
