@@ -143,7 +143,11 @@ class ResourcesSpec(KuberlModel):
     )
     rollout: RoleResources | None = Field(
         None,
-        description="The rollout pool; only with rollout.placement: separate. Elastic with minReplicas < maxReplicas.",
+        description="The rollout pool; only with rollout.placement: separate. Elastic with minReplicas < "
+        "maxReplicas: a step's prompts are cut into maxReplicas chunks queued for the replicas, and the pool grows "
+        "while chunks wait and releases replicas idle for a minute (the reward pool's policy). A replica that "
+        "joins loads the newest weights before it generates; a replica that dies mid-generation has its chunk "
+        "generated once by another, and is replaced when the pool falls below minReplicas.",
     )
 
     @model_validator(mode="after")

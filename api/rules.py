@@ -424,6 +424,18 @@ def episode_budgets_fit(spec: "RLJobSpec") -> Iterator[RuleProblem]:
         )
 
 
+def episodes_use_a_fixed_rollout_pool(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    """Episodes keep their engines for many turns (runtime/environments/scheduler.py), outside the queue the
+    rollout pool scales on: refused rather than accepted with a pool that never moves."""
+    pool = spec.resources.rollout
+    if spec.environment is not None and pool is not None and pool.is_elastic:
+        yield (
+            ("resources", "rollout", "maxReplicas"),
+            "with spec.environment the rollout pool does not scale (episodes hold their engines turn after turn); "
+            "set minReplicas = maxReplicas = replicas",
+        )
+
+
 def pods_outlive_the_stop_window(spec: "RLJobSpec") -> Iterator[RuleProblem]:
     """A pod template's own terminationGracePeriodSeconds must leave the driver its stop window."""
     window = spec.run_policy.stop_grace_period_seconds
@@ -468,6 +480,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     token_budgets_fit_a_sequence,
     verify_sync_allows_the_rollout_precision,
     episode_budgets_fit,
+    episodes_use_a_fixed_rollout_pool,
     pods_outlive_the_stop_window,
 )
 

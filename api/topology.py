@@ -67,7 +67,7 @@ class ActorGroup:
     pool: str
     #: Actors started at the beginning. A model group's world size: one rank per GPU (one per pod on CPU).
     actors: int
-    #: The fewest and most actors alive at once; only the reward group moves between them.
+    #: The fewest and most actors alive at once; only the reward group and the separate rollout move between them.
     min_actors: int
     max_actors: int
     #: How many of them one pod of the pool holds (a trainer: one per GPU; an engine or a reward worker: one).
@@ -218,8 +218,8 @@ def rollout_group(pool: RoleResources) -> ActorGroup:
         roles=(Role.ROLLOUT,),
         pool=Role.ROLLOUT.value,
         actors=pool.replicas,
-        min_actors=pool.replicas,
-        max_actors=pool.replicas,
+        min_actors=pool.effective_min,
+        max_actors=pool.effective_max,
         actors_per_pod=1,
         cpus=pool.cpus,
         gpus=pool.gpus,

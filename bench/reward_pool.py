@@ -37,7 +37,7 @@ def burst(n: int) -> tuple[list[str], list[str], list[dict[str, Any]]]:
 def run_burst(name: str, low: int, high: int, replicas: int, args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from kuberl.api.resources import RoleResources
     from kuberl.api.topology import reward_group
-    from kuberl.runtime.rewards.autoscale import ScalePolicy
+    from kuberl.runtime.autoscale import ScalePolicy
     from kuberl.runtime.rewards.pool import RewardPool
 
     resources = RoleResources(replicas=replicas, minReplicas=low, maxReplicas=high, cpus=args.cpus)

@@ -192,6 +192,8 @@ class Controller:
         metrics.update(timed.seconds)
         metrics.update(self.data_metrics)
         metrics.update(self.groups.reward.metrics())
+        if self.groups.rollout is not None:
+            metrics.update(self.groups.rollout.metrics())
         metrics["time/step"] = sum(timed.seconds.values())
         trained_tokens = float(batch.response_mask.sum()) if batch is not None else None
         metrics.update(stage_throughput(timed.seconds, float(generated.generated.response_mask.sum()), trained_tokens))
@@ -202,7 +204,8 @@ class Controller:
         """The responses to `prompts`, each row stamped with the weight version that generated it."""
         version = self.engines.version  # a separate replica refuses to generate with any other
         batch = self.rollout_stage.run(prompts, step, stream=round_index)
-        batch.weight_version = torch.full((len(batch),), version, dtype=torch.long)  # (N,)
+        if batch.weight_version is None:  # a stage that does not say which engine made each row (episodes)
+            batch.weight_version = torch.full((len(batch),), version, dtype=torch.long)  # (N,)
         return batch
 
     def _score_texts(self, prompt_texts: list[str], texts: list[str], samples: list[dict[str, Any]]) -> list[Any]:
@@ -371,11 +374,14 @@ class Controller:
         """The actor's new weights into the engines: in place (colocated) or by broadcast (separate)."""
         if self.groups.rollout is None:
             results = self.groups.actor.call("sync_weights")
-            self.engines.version = version
-        else:
-            results = self.load_pool(self.publish_weights(), version)  # the buckets are freed once it returns
+            self.engines.colocated_version = version
+        else:  # the pool keeps the buckets until the next sync, for the replicas that join meanwhile
+            results = self.load_pool(self.publish_weights(), version)
         self.weight_version = version
-        metrics = {"sync/seconds": max(r["sync/seconds"] for r in results), "sync/bytes": results[0]["sync/bytes"]}
+        metrics = {  # a pool scaled to 0 replicas loads nothing now: its next replica loads the weights
+            "sync/seconds": max((r["sync/seconds"] for r in results), default=0.0),
+            "sync/bytes": results[0]["sync/bytes"] if results else 0.0,
+        }
         if self.spec.rollout.verify_sync and batch is not None:
             metrics["sync/max_logprob_diff"] = self.verify_sync(batch)
         return metrics
@@ -387,9 +393,7 @@ class Controller:
     def load_pool(self, buckets: list[Any], version: int) -> list[dict[str, float]]:
         """Every rollout replica loads `buckets` in place and takes on `version`; the per-replica sync metrics."""
         assert self.groups.rollout is not None
-        results = list(self.groups.rollout.call("load_weights_from", buckets, version))
-        self.engines.version = version
-        return results
+        return self.groups.rollout.load(buckets, version)
 
     def verify_sync(self, batch: RolloutBatch) -> float:
         """Score a fixed probe with trainer and engine; fail beyond rollout.verifySyncTolerance."""

@@ -19,6 +19,7 @@ from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.data import Prompt
 from kuberl.runtime.deadline import bounded_get
 from kuberl.runtime.engines.base import Generation, SamplingParams
+from kuberl.runtime.rollout_pool import ChunkWork, RolloutPool
 
 #: Seed streams of generation beyond a step's first rollout (the first keeps its historical seeds).
 VALIDATION_STREAM = 1 << 20
@@ -45,26 +46,47 @@ class RolloutStage(Protocol):
 
 
 class Engines:
-    """The job's generation engines: the actor's ranks (colocated) or the rollout pool's replicas (separate)."""
+    """The job's generation engines: the actor's ranks (colocated) or the rollout pool's replicas (separate).
 
-    def __init__(self, actor: Any, rollout: Any | None) -> None:
+    A step's prompts are cut into `shards` parts, part r sampled with the seeds of rank r: on the actor's
+    ranks, part r goes to rank r; in the separate pool, to whichever replica is free (rollout_pool.py), so
+    the samples do not depend on how many replicas the pool has at the moment.
+    """
+
+    def __init__(self, actor: Any, rollout: RolloutPool | None) -> None:
         self.separate = rollout is not None
-        self.group = rollout if rollout is not None else actor
-        self.version = 0  # the weights the engines hold: separate replicas refuse any other
+        self.actor = actor
+        self.pool = rollout
+        self.colocated_version = 0  # the weights the actor's ranks hold (colocated)
+
+    @property
+    def version(self) -> int:
+        """The weights the engines hold: every replica the separate pool hands a chunk to holds the pool's."""
+        return self.pool.version if self.pool is not None else self.colocated_version
+
+    @property
+    def shards(self) -> int:
+        return self.pool.chunks if self.pool is not None else int(self.actor.world_size)
 
     @property
     def size(self) -> int:
-        return int(self.group.world_size)
-
-    @property
-    def name(self) -> str:
-        """The group's name, for what a timed-out wait was waiting for."""
-        return str(self.group.group.name)
+        """Engines a caller may `submit` to: the actor's ranks, or the pool's replicas holding its weights."""
+        return len(self.pool.replicas()) if self.pool is not None else int(self.actor.world_size)
 
     def submit(self, rank: int, prompts: list[list[int]], params: SamplingParams) -> Any:
-        """One generation call on engine `rank`; an ObjectRef of list[list[Generation]]."""
-        version = (self.version,) if self.separate else ()
-        return self.group.workers[rank].generate.remote(prompts, params, *version)
+        """One generation call on engine `rank` (of `size`); an ObjectRef of list[list[Generation]]."""
+        if self.pool is not None:
+            replica = list(self.pool.replicas().values())[rank]
+            return replica.generate.remote(prompts, params, self.pool.version)
+        return self.actor.workers[rank].generate.remote(prompts, params)
+
+    def generate(self, work: list[ChunkWork]) -> list[tuple[list[list[Generation]], int]]:
+        """Each shard's generations and the weight version that made them, in shard order."""
+        if self.pool is not None:
+            return [(chunk.generations, chunk.version) for chunk in self.pool.generate(work)]
+        calls = [self.actor.workers[rank].generate.remote(*shard) for rank, shard in enumerate(work)]
+        parts = bounded_get(calls, f"generate on the {self.actor.group.name} workers")
+        return [(part, self.colocated_version) for part in parts]
 
 
 class SingleTurnRollout:
@@ -94,20 +116,24 @@ class SingleTurnRollout:
 
     def generate(
         self, prompts: list[Prompt], step: int, greedy: bool = False, stream: int = 0
-    ) -> list[list[Generation]]:
-        shards = np.array_split(np.arange(len(prompts)), self.engines.size)
-        calls = []
-        for rank, shard in enumerate(shards):
-            params = self.sampling(step, rank, greedy=greedy, stream=stream)
-            calls.append(self.engines.submit(rank, [prompts[i].input_ids for i in shard], params))
-        parts = bounded_get(calls, f"generate on the {self.engines.name} workers")
-        return [generations for part in parts for generations in part]
+    ) -> tuple[list[list[Generation]], list[int]]:
+        """Each prompt's generations, and the weight version that generated them."""
+        shards = np.array_split(np.arange(len(prompts)), self.engines.shards)
+        work = [
+            ([prompts[i].input_ids for i in shard], self.sampling(step, rank, greedy=greedy, stream=stream))
+            for rank, shard in enumerate(shards)
+        ]
+        parts = self.engines.generate(work)
+        generations = [gens for part, _ in parts for gens in part]
+        versions = [version for part, version in parts for _ in part]
+        return generations, versions
 
     def run(
         self, prompts: list[Prompt], step: int, *, greedy: bool = False, stream: int = 0, record: bool = True
     ) -> RolloutBatch:
-        generations = self.generate(prompts, step, greedy=greedy, stream=stream)
+        generations, versions = self.generate(prompts, step, greedy=greedy, stream=stream)
         rows = [(p, g) for p, gens in zip(prompts, generations, strict=True) for g in gens]
+        row_versions = [version for version, gens in zip(versions, generations, strict=True) for _ in gens]
         width_p = max(len(p.input_ids) for p, _ in rows)
         width_r = max(1, max(len(g.token_ids) for _, g in rows))
         n = len(rows)
@@ -136,6 +162,7 @@ class SingleTurnRollout:
             engine_logprobs=engine_logprobs,
             texts=texts,
             samples=[p.record for p, _ in rows],
+            weight_version=torch.tensor(row_versions, dtype=torch.long),  # (N,)
         )
 
     def take_metrics(self) -> dict[str, float]:

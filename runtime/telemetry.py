@@ -35,6 +35,7 @@ REWARD_MEAN = "reward/mean"
 KL_MEAN = "kl/mean"
 RESPONSE_LENGTH_MEAN = "response/length_mean"
 REWARD_POOL_SIZE = "reward/pool_size"
+ROLLOUT_POOL_SIZE = "rollout/pool_size"  # the separate rollout pool's replicas (runtime/rollout_pool.py)
 ROLLOUT_TOKENS_PER_SECOND = "throughput/rollout_tokens_per_second"
 #: The asynchronous rollout (spec.rollout.maxStaleness >= 1, runtime/async_rollout.py): per step, how many weight
 #: versions the samples lag the policy they train (mean, max), the shares of the step's wall-clock time the pool
@@ -143,6 +144,7 @@ EXPORTS: tuple[Export, ...] = (
         "Share of the latest step's wall-clock time the trainer waited for a batch.",
     ),
     Export(REWARD_POOL_SIZE, "kuberl_reward_pool_workers", "Reward workers running now.", status="reward_workers"),
+    Export(ROLLOUT_POOL_SIZE, "kuberl_rollout_pool_replicas", "Separate rollout replicas running or starting now."),
     Export(
         "reward/queue_wait_seconds",
         "kuberl_reward_queue_wait_seconds",

@@ -9,7 +9,7 @@
 sample has exactly one result. A scheduler thread in the controller's process hands queued batches
 to ready workers (RewardWorker Ray actors holding a reward model, a function, or an HTTP endpoint
 client; an endpoint worker takes up to maxConcurrency batches at once), collects their answers, and
-every `ScalePolicy.interval_s` asks `decide_pool_size` (autoscale.py, pure) how many workers there
+every `ScalePolicy.interval_s` asks `decide_pool_size` (runtime/autoscale.py, pure) how many workers there
 should be, then starts or releases actors. It runs between `score` calls too, so idle workers are
 released while the trainer works.
 
@@ -20,12 +20,11 @@ whose workers died `max_batch_attempts` times, or whose worker raised that often
 `max_batch_attempts` such failures in a row the pool stops growing, and with no worker left it
 fails the pending `score` calls with the reason.
 
-Each worker asks Ray for a unit of its pool's custom resource plus its CPUs and GPUs, as the job's
-topology says (api/topology.py `reward_group`): `kuberl_reward`, offered one unit per reward pod, so
-on Kubernetes an actor the cluster cannot place makes the KubeRay autoscaler add a reward pod, and a
-released actor leaves its pod idle for the autoscaler to remove. Without a reward pool the one
-worker lives on the head (`kuberl_head`). A local run's Ray offers the same resources, so the pool
-grows and shrinks between the same bounds on one machine.
+Starting, releasing and scaling the workers is shared with the rollout pool (elastic_pool.py): each
+worker asks Ray for a unit of `kuberl_reward` (api/topology.py `reward_group`), offered one unit per
+reward pod, so on Kubernetes an actor the cluster cannot place makes the KubeRay autoscaler add a
+reward pod, and a released actor leaves its pod idle for the autoscaler to remove. Without a reward
+pool the one worker lives on the head (`kuberl_head`).
 
 Bounded. A worker still busy with a batch `reward.batchTimeoutSeconds` after it was handed over is
 stuck (a reward model that never returns, an endpoint that never answers): it is replaced, and its
@@ -35,24 +34,21 @@ StepTimeoutError.
 """
 
 import logging
-import statistics
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
 from kuberl.api import RewardSpec
 from kuberl.api.topology import ActorGroup
-from kuberl.runtime.deadline import StepTimeoutError, current_deadline
+from kuberl.runtime.autoscale import ScalePolicy
+from kuberl.runtime.deadline import StepTimeoutError
+from kuberl.runtime.elastic_pool import ElasticPool, PendingCall, PoolWorker
 from kuberl.runtime.models.resolve import ModelLocation
-from kuberl.runtime.rewards.autoscale import PoolBounds, ScalePolicy, decide_pool_size
 from kuberl.runtime.rewards.functions import RewardResult
 from kuberl.runtime.rewards.ledger import ResultLedger
-from kuberl.runtime.telemetry import REWARD_POOL_SIZE
 from kuberl.runtime.workers.group import ray_actor_options
 from kuberl.runtime.workers.reward_worker import RewardWorker
 
@@ -63,27 +59,14 @@ class RewardPoolError(RuntimeError):
     """The pool cannot score: no reward worker could start, or the pool was shut down."""
 
 
-@dataclass(frozen=True)
-class ScaleEvent:
-    """One change of the pool's size."""
-
-    at_s: float  # seconds since the pool started
-    before: int
-    after: int
-    reason: str
-
-
 @dataclass
-class _Job:
-    """One `score` call: its samples, their results so far, and the queue waits of its batches."""
+class _Job(PendingCall):
+    """One `score` call: its samples and their results so far."""
 
     prompts: list[str]
     completions: list[str]
     samples: list[dict[str, Any]]
     ledger: ResultLedger
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-    waits: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -96,12 +79,8 @@ class _Batch:
 
 
 @dataclass
-class _Worker:
-    number: int
-    actor: Any
-    setup_ref: Any | None  # the pending setup call; None once the worker is ready
-    started_at: float
-    idle_since: float
+class _Worker(PoolWorker):
+    setup_ref: Any | None = None  # the pending setup call; None once the worker is ready
     running: dict[Any, _Batch] = field(default_factory=dict)  # score-call ref -> its batch
 
     @property
@@ -109,8 +88,11 @@ class _Worker:
         return self.setup_ref is None
 
 
-class RewardPool:
+class RewardPool(ElasticPool[_Worker]):
     """An autoscaled set of reward workers behind a queue; `score` blocks until every sample has one result."""
+
+    noun = "reward worker"
+    error_type = RewardPoolError
 
     def __init__(
         self,
@@ -120,39 +102,18 @@ class RewardPool:
         *,
         policy: ScalePolicy | None = None,
     ) -> None:
+        super().__init__(group, policy)
         spec = RewardSpec.model_validate(reward_manifest)
-        self.bounds = PoolBounds.of(group)
-        self.policy = policy or ScalePolicy()
         self.batch_size = spec.batch_size
         self.batch_timeout_s = spec.batch_timeout_seconds
         self.slots = spec.endpoint.max_concurrency if spec.endpoint is not None else 1
+        self.slots_per_worker = self.slots
         self._manifest = reward_manifest
         self._model = model  # spec.reward.model's location: each worker resolves it on its own node
         self._remote: Any = ray.remote(RewardWorker).options(**ray_actor_options(group), max_concurrency=self.slots)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._workers: dict[int, _Worker] = {}
-        self._queue: deque[_Batch] = deque()
-        self._jobs: list[_Job] = []
-        self._numbered = 0
-        self._started_at = time.monotonic()
-        self._events: list[ScaleEvent] = []
-        self._counts = {
-            "requeued_batches": 0,
-            "worker_deaths": 0,
-            "duplicates_dropped": 0,
-            "failed_starts": 0,
-            "batch_timeouts": 0,
-        }
+        self._counts.update(requeued_batches=0, worker_deaths=0, duplicates_dropped=0, batch_timeouts=0)
         self._last_failure: str | None = None
-        self._failed_starts_in_row = 0
-        self._growth_stopped = False
-        self._broken: BaseException | None = None
-        self._peak = 0
-        self._last_waits: list[float] = []
-        self._start_first_workers(group.actors)
-        self._thread = threading.Thread(target=self._run, name="kuberl-reward-pool", daemon=True)
-        self._thread.start()
+        self._start(group.actors)
 
     # -- public -----------------------------------------------------------------------------------
     def score(self, prompts: list[str], completions: list[str], samples: list[dict[str, Any]]) -> list[RewardResult]:
@@ -171,19 +132,14 @@ class RewardPool:
             for start in range(0, len(completions), self.batch_size):
                 indices = list(range(start, min(start + self.batch_size, len(completions))))
                 self._queue.append(_Batch(job, indices, now))
-            self._jobs.append(job)
+            self._waiting.append(job)
             self._peak = len(self._workers)
             self._dispatch(now)
-        deadline = current_deadline()
-        job.done.wait(deadline.time_left() if deadline is not None else None)
-        with self._lock:
-            self._jobs.remove(job)
-            self._last_waits = job.waits
-            if not job.done.is_set():  # the step's time is up; the call's queued batches are skipped
-                assert deadline is not None
-                scored = len(completions) - job.ledger.missing
-                job.error = deadline.exceeded(f"the reward pool ({scored} of {len(completions)} samples scored)")
-                job.done.set()
+
+        def scored() -> str:  # what a step out of time got done
+            return f"the reward pool ({len(completions) - job.ledger.missing} of {len(completions)} samples scored)"
+
+        self._await(job, scored)
         if isinstance(job.error, StepTimeoutError):
             raise job.error
         if job.error is not None:
@@ -197,32 +153,6 @@ class RewardPool:
         """The reason of the last failed sample of the latest `score` call, if one failed."""
         return self._last_failure
 
-    @property
-    def size(self) -> int:
-        """Reward workers running or starting now (what status.metrics.rewardWorkers reports)."""
-        with self._lock:
-            return len(self._workers)
-
-    def metrics(self) -> dict[str, float]:
-        """Pool size now and at its largest during the last `score`; scale events, requeues, deaths and
-        dropped duplicates since the pool started; queue waits (mean, max) of the last `score`'s batches."""
-        with self._lock:
-            waits = self._last_waits
-            return {
-                REWARD_POOL_SIZE: float(len(self._workers)),
-                "reward/pool_size_peak": float(max(self._peak, len(self._workers))),
-                "reward/scale_ups": float(sum(event.after > event.before for event in self._events)),
-                "reward/scale_downs": float(sum(event.after < event.before for event in self._events)),
-                "reward/queue_wait_seconds": statistics.fmean(waits) if waits else 0.0,
-                "reward/queue_wait_max_seconds": max(waits, default=0.0),
-                **{f"reward/{name}": float(count) for name, count in self._counts.items()},
-            }
-
-    @property
-    def scale_events(self) -> list[ScaleEvent]:
-        with self._lock:
-            return list(self._events)
-
     def actors(self, *, busy: bool | None = None) -> list[Any]:
         """Handles of the ready workers' actors; busy=True: only those scoring a batch now, False: only idle ones."""
         with self._lock:
@@ -232,94 +162,35 @@ class RewardPool:
                 if worker.ready and (busy is None or bool(worker.running) == busy)
             ]
 
-    def shutdown(self) -> None:
-        """Stops the scheduler and kills every worker; pending `score` calls fail. Safe to call twice."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-        with self._lock:
-            self._release_all()
-            self._broken = self._broken or RewardPoolError("the reward pool was shut down")
-            self._fail_jobs(self._broken)
+    # -- the elastic pool's hooks ---------------------------------------------------------------------
+    def _launch(self, number: int, now: float) -> _Worker:
+        actor = self._remote.remote(number)
+        return _Worker(number, actor, now, now, setup_ref=actor.setup.remote(self._manifest, self._model))
 
-    # -- starting and releasing workers -------------------------------------------------------------
-    def _start_worker(self, now: float) -> _Worker:
-        self._numbered += 1
-        actor = self._remote.remote(self._numbered)
-        worker = _Worker(self._numbered, actor, actor.setup.remote(self._manifest, self._model), now, now)
-        self._workers[worker.number] = worker
-        self._peak = max(self._peak, len(self._workers))
-        return worker
+    def _setup_call(self, worker: _Worker) -> Any:
+        return worker.setup_ref
 
-    def _start_first_workers(self, count: int) -> None:
-        """Start-up fails fast: a reward that cannot load (a typo, a missing package) raises here."""
-        workers = [self._start_worker(time.monotonic()) for _ in range(count)]
-        setups: list[Any] = [worker.setup_ref for worker in workers]
-        try:
-            ray.get(setups, timeout=self.policy.start_timeout_s)
-        except GetTimeoutError:
-            self._release_all()
-            raise RewardPoolError(
-                f"no reward worker was ready within {self.policy.start_timeout_s:g} s: the cluster may lack the "
-                "CPUs/GPUs of spec.resources.reward (or a reward pod to put them on)"
-            ) from None
-        except BaseException:
-            self._release_all()
-            raise
-        now = time.monotonic()
-        for worker in workers:
-            worker.setup_ref, worker.idle_since = None, now
+    def _is_ready(self, worker: _Worker) -> bool:
+        return worker.ready
 
-    def _release(self, worker: _Worker) -> None:
-        self._workers.pop(worker.number, None)
-        try:
-            ray.kill(worker.actor)
-        except Exception as error:  # an actor that is already gone cannot be killed again
-            log.debug("reward worker %d was already gone: %s", worker.number, error)
+    def _mark_ready(self, worker: _Worker, now: float) -> None:
+        worker.setup_ref, worker.idle_since = None, now
 
-    def _release_all(self) -> None:
-        for worker in list(self._workers.values()):
-            self._release(worker)
-
-    # -- the scheduler thread -------------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._tick()
-        except BaseException as error:  # a bug here must not leave score() waiting forever
-            log.exception("the reward pool's scheduler stopped")
-            with self._lock:
-                self._broken = error
-                self._fail_jobs(error)
-
-    def _tick(self) -> None:
-        with self._lock:
-            owners = {ref: worker for worker in self._workers.values() for ref in self._refs_of(worker)}
-        ready: list[Any] = []
-        if owners:
-            refs = list(owners)
-            ready, _ = ray.wait(refs, num_returns=1, timeout=self.policy.interval_s)
-            if ready:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        else:
-            self._stop.wait(self.policy.interval_s)
-        outcomes = [(ref, *_fetch(ref)) for ref in ready]
-        with self._lock:
-            now = time.monotonic()
-            for ref, value, error in outcomes:
-                self._settle(owners[ref], ref, value, error, now)
-            self._replace_stuck(now)
-            self._dispatch(now)
-            self._rescale(now)
-
-    @staticmethod
-    def _refs_of(worker: _Worker) -> list[Any]:
+    def _calls_of(self, worker: _Worker) -> list[Any]:
         return [worker.setup_ref] if worker.setup_ref is not None else list(worker.running)
+
+    def _queue_state(self, now: float) -> tuple[int, float]:
+        return len(self._queue), max((now - batch.enqueued_at for batch in self._queue), default=0.0)
+
+    def _idle(self) -> list[_Worker]:
+        return [w for w in self._workers.values() if w.ready and not w.running]
+
+    def _schedule(self, now: float) -> None:
+        self._replace_stuck(now)
+        self._dispatch(now)
 
     def _settle(self, worker: _Worker, ref: Any, value: Any, error: BaseException | None, now: float) -> None:
         """Takes in one finished call: a setup or a batch."""
-        if worker.number not in self._workers:
-            return  # released or lost already; its batches were requeued then
         if worker.setup_ref is not None and ref == worker.setup_ref:
             self._settle_setup(worker, error, now)
             return
@@ -338,27 +209,6 @@ class RewardPool:
             self._retry_or_fail(batch, f"reward worker {worker.number} raised: {error}")
         if not worker.running:
             worker.idle_since = now
-
-    def _settle_setup(self, worker: _Worker, error: BaseException | None, now: float) -> None:
-        if error is None:
-            worker.setup_ref, worker.idle_since = None, now
-            self._failed_starts_in_row = 0
-            log.info("reward worker %d ready after %.1f s", worker.number, now - worker.started_at)
-            return
-        self._failed_start(worker, error)
-
-    def _failed_start(self, worker: _Worker, error: BaseException) -> None:
-        self._counts["failed_starts"] += 1
-        self._failed_starts_in_row += 1
-        log.warning("reward worker %d failed to start: %s", worker.number, error)
-        self._release(worker)
-        if self._failed_starts_in_row >= self.policy.max_batch_attempts:
-            if not self._growth_stopped:
-                log.error("reward pool stops growing: %d workers in a row failed to start", self._failed_starts_in_row)
-            self._growth_stopped = True
-            if not any(other.ready for other in self._workers.values()):
-                self._broken = error
-                self._fail_jobs(error)
 
     def _lose(self, worker: _Worker, error: BaseException) -> None:
         """A worker died: its batches go back to the queue for the others."""
@@ -408,13 +258,6 @@ class RewardPool:
         if job.ledger.complete:
             job.done.set()
 
-    def _fail_jobs(self, error: BaseException) -> None:
-        for job in self._jobs:
-            if not job.done.is_set():
-                job.error = error
-                job.done.set()
-        self._queue.clear()
-
     def _dispatch(self, now: float) -> None:
         """Queued batches to ready workers with a free slot, the least loaded first."""
         while self._queue:
@@ -434,57 +277,3 @@ class RewardPool:
                 [job.samples[i] for i in batch.indices],
             )
             worker.running[ref] = batch
-
-    def _rescale(self, now: float) -> None:
-        if self._broken is not None or self._stop.is_set():
-            return
-        for worker in list(self._workers.values()):
-            if not worker.ready and now - worker.started_at > self.policy.start_timeout_s:
-                # the cluster never placed it (no room, no pod): stop counting it as on its way
-                self._failed_start(worker, TimeoutError(f"not ready within {self.policy.start_timeout_s:g} s"))
-        if self._broken is not None:
-            return
-        workers = list(self._workers.values())
-        current = len(workers)
-        idle = [w for w in workers if w.ready and not w.running]
-        oldest_wait = max((now - batch.enqueued_at for batch in self._queue), default=0.0)
-        target = decide_pool_size(
-            current,
-            len(self._queue),
-            oldest_wait,
-            [now - w.idle_since for w in idle],
-            self.bounds,
-            self.policy,
-            starting=sum(not w.ready for w in workers),
-            slots_per_worker=self.slots,
-        )
-        if self._growth_stopped:
-            target = min(target, current)
-            if target == 0 and self._queue:
-                self._broken = RewardPoolError("no reward worker is running and new ones keep failing to start")
-                self._fail_jobs(self._broken)
-                return
-        if target == current:
-            return
-        if target > current:
-            reason = f"{len(self._queue)} batches queued, oldest waited {oldest_wait:.2f} s"
-            if current < self.bounds.min_size:
-                reason = f"below minReplicas {self.bounds.min_size}"
-            for _ in range(target - current):
-                self._start_worker(now)
-        else:
-            idle.sort(key=lambda w: w.idle_since)
-            for worker in idle[: current - target]:
-                self._release(worker)
-            reason = f"{current - target} workers idle for {self.policy.idle_release_s:g} s or more"
-        event = ScaleEvent(now - self._started_at, current, len(self._workers), reason)
-        self._events.append(event)
-        log.info("reward pool %d -> %d workers: %s", event.before, event.after, reason)
-
-
-def _fetch(ref: Any) -> tuple[Any, BaseException | None]:
-    """A finished call's value, or the error it ended with."""
-    try:
-        return ray.get(ref), None
-    except Exception as error:  # the worker's own exception (RayTaskError) or its death (RayActorError)
-        return None, error

@@ -29,6 +29,14 @@ def ray_actor_options(group: ActorGroup) -> dict[str, Any]:
     return {"num_cpus": group.cpus, "num_gpus": group.gpus, "resources": group.ray_resources}
 
 
+def call_outcome(ref: Any) -> tuple[Any, BaseException | None]:
+    """A finished call's value, or the error it ended with (the elastic pools sort their workers' answers)."""
+    try:
+        return ray.get(ref), None
+    except Exception as error:  # the worker's own exception (RayTaskError) or its death (RayActorError)
+        return None, error
+
+
 class WorkerGroup:
     """The `group.actors` ranks of one group; rank r is `workers[r]`."""
 

@@ -1,8 +1,8 @@
 """Starting the job's Ray and its worker groups where the topology places them (api/topology.py).
 
     started = start_ray(address, plan.topology)  # join a cluster, or start a Ray offering every pool's resource
-    groups = start_groups(plan)                  # the model groups and rollout engines set up; the reward pool,
-                                                 # and the environment workers when the job has spec.environment
+    groups = start_groups(plan)                  # the model groups set up; the rollout pool (separate), the reward
+                                                 # pool, and the environment workers when the job has spec.environment
     ...
     groups.shutdown()
 
@@ -25,9 +25,9 @@ from kuberl.api.topology import HEAD_POOL, Topology
 from kuberl.runtime.environments.pool import EnvironmentPool
 from kuberl.runtime.plan import RunPlan
 from kuberl.runtime.rewards.pool import RewardPool
+from kuberl.runtime.rollout_pool import RolloutPool
 from kuberl.runtime.workers.group import WorkerGroup
 from kuberl.runtime.workers.model_worker import ModelWorker, WorkerSetup
-from kuberl.runtime.workers.rollout_worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Groups:
     reward: RewardPool  # the elastic reward workers
     critic: WorkerGroup | None = None  # the critic with a pool of its own
     reference: WorkerGroup | None = None  # the reference with a pool of its own
-    rollout: WorkerGroup | None = None  # rollout.placement separate: engine replicas fed by weight broadcast
+    rollout: RolloutPool | None = None  # rollout.placement separate: engine replicas fed by weight broadcast
     environment: EnvironmentPool | None = None  # spec.environment: the workers the episodes' environments live in
 
     def host(self, role: str) -> WorkerGroup:
@@ -58,9 +58,10 @@ class Groups:
 
     def shutdown(self) -> None:
         self.reward.shutdown()
-        if self.environment is not None:
-            self.environment.shutdown()
-        for group in (self.actor, self.critic, self.reference, self.rollout):
+        for pool in (self.environment, self.rollout):
+            if pool is not None:
+                pool.shutdown()
+        for group in (self.actor, self.critic, self.reference):
             if group is not None:
                 group.kill()
 
@@ -109,27 +110,26 @@ def warn_of_missing_resources(topology: Topology) -> None:
 
 
 def start_groups(plan: RunPlan) -> Groups:
-    """Every group of the topology, set up: the model groups and rollout engines load their models while the
-    reward pool and the environment workers start. Whatever was started is stopped again if any part fails."""
+    """Every group of the topology, set up: the model groups load their models while the rollout replicas,
+    the reward pool and the environment workers start. Whatever was started is stopped again if any part fails."""
     started: dict[Role | str, WorkerGroup] = {}
-    environment: EnvironmentPool | None = None
+    pools: list[Any] = []  # the rollout, reward and environment pools started so far
     try:
         for group in plan.topology.groups:
             if group.name in MODEL_GROUPS:
                 started[group.name] = WorkerGroup(ModelWorker, group)
-            elif group.name == Role.ROLLOUT:
-                started[group.name] = WorkerGroup(RolloutWorker, group)
         pending = [call for workers in started.values() for call in setup_calls(plan, workers)]
+        rollout = start_rollout(plan)
+        pools.append(rollout)
         reward = RewardPool(plan.job.spec.reward.to_manifest(), plan.models.get("reward"), plan.topology.reward)
-        try:
-            environment = start_environment(plan)
-            ray.get(pending)
-        except BaseException:
-            reward.shutdown()
-            raise
+        pools.append(reward)
+        environment = start_environment(plan)
+        pools.append(environment)
+        ray.get(pending)
     except BaseException:
-        if environment is not None:
-            environment.shutdown()
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown()
         for workers in started.values():
             workers.kill()
         raise
@@ -138,9 +138,17 @@ def start_groups(plan: RunPlan) -> Groups:
         reward=reward,
         critic=started.get(Role.CRITIC),
         reference=started.get(Role.REFERENCE),
-        rollout=started.get(Role.ROLLOUT),
+        rollout=rollout,
         environment=environment,
     )
+
+
+def start_rollout(plan: RunPlan) -> RolloutPool | None:
+    """rollout.placement separate: its replicas, set up with the actor's initial model (None when colocated)."""
+    group = plan.topology.group(Role.ROLLOUT)
+    if group is None:
+        return None
+    return RolloutPool(plan.job.to_manifest(), plan.models["actor"], plan.tokenizer_location, group)
 
 
 def start_environment(plan: RunPlan) -> EnvironmentPool | None:
@@ -156,10 +164,8 @@ def setup_calls(plan: RunPlan, workers: WorkerGroup) -> list[Any]:
 
     The workers are given the models' locations and resolve them on their own nodes."""
     group = workers.group
-    job, actor = plan.job.to_manifest(), plan.models["actor"]
+    job = plan.job.to_manifest()
     threads = max(1, int(group.cpus))
-    if group.name == Role.ROLLOUT:
-        return [worker.setup.remote(job, actor, plan.tokenizer_location, threads) for worker in workers.workers]
     master_addr, master_port = ray.get(workers.workers[0].address.remote())
     setup = WorkerSetup(
         job=job,

@@ -1,18 +1,20 @@
 """The rollout worker: one replica of the separate-mode rollout pool (`rollout.placement: separate`).
 
-A plain class; the controller wraps it with `ray.remote` (`WorkerGroup`). Each replica holds a
+A plain class; the rollout pool (runtime/rollout_pool.py) wraps it with `ray.remote`. Each replica holds a
 whole engine (vLLM or HF) of its own and no trainer. Weights reach it from the actor through
 Ray's object store, in buckets, after every update:
 
     actor rank 0   refs = put_weight_buckets(trainer.full_tensors(), spec.rollout.sync_bucket_mb)
                    (every actor rank iterates full_tensors: each step is an all-gather; only rank 0 puts)
-    controller     ray.get([replica.load_weights_from.remote(refs, version) for replica in pool])
-                   then drops `refs`, and the object store frees the buckets
+    controller     pool.load(refs, version): every replica runs load_weights_from(refs, version)
+                   (runtime/rollout_pool.py); the pool keeps `refs` for replicas that join until the
+                   next sync replaces them, and the object store then frees the old buckets
     each replica   fetches one bucket at a time and streams its tensors into the engine in place
 
 A bucket is a list of (Hugging Face parameter name, CPU tensor) pairs of at most `sync_bucket_mb`
-(a single larger tensor travels alone). The object store holds one copy of the model per sync; a
-replica holds one bucket plus what its engine buffers (one layer for vLLM).
+(a single larger tensor travels alone). The object store holds one copy of the model between syncs (the
+newest, for replicas that join), two during one; a replica holds one bucket plus what its engine
+buffers (one layer for vLLM).
 
 Every load carries a weight version (the training step that produced the weights). A replica
 answers `generate` only for the version it holds, so a rollout batch never mixes policies; while

@@ -35,7 +35,7 @@ import ray
 
 from kuberl.api.resources import RoleResources
 from kuberl.api.topology import reward_group
-from kuberl.runtime.rewards.autoscale import ScalePolicy
+from kuberl.runtime.autoscale import ScalePolicy
 from kuberl.runtime.rewards.pool import RewardPool
 
 REWARD_NODE_TYPE = "ray.worker.reward"

@@ -14,8 +14,7 @@ from kuberl.runtime.environments.pool import EnvironmentPool
 from kuberl.runtime.environments.rollout import EpisodeRollout
 from kuberl.runtime.models.resolve import ModelLocation, default_cache_dir, resolve_model_path
 from kuberl.runtime.rollout import Engines
-from kuberl.runtime.workers.group import WorkerGroup
-from kuberl.runtime.workers.rollout_worker import RolloutWorker
+from kuberl.runtime.rollout_pool import RolloutPool
 from tests.integration.runtime.jobs import demo_job
 
 pytestmark = pytest.mark.integration
@@ -32,11 +31,10 @@ def model_path() -> str:
 @pytest.fixture(scope="module")
 def engines(ray_session, model_path):
     job = demo_job(**{"rollout.engine": "hf"})
-    group = WorkerGroup(RolloutWorker, rollout_group(RoleResources(replicas=1, cpus=0.5)))
     model = ModelLocation(model_path, "spec.models.actor.path")
-    group.call("setup", job.to_manifest(), model, model, 1)
-    yield Engines(actor=None, rollout=group)
-    group.kill()
+    pool = RolloutPool(job.to_manifest(), model, model, rollout_group(RoleResources(replicas=1, cpus=0.5)))
+    yield Engines(actor=None, rollout=pool)
+    pool.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -300,6 +300,16 @@ BROKEN = [
         "spec.environment.toolTimeoutSeconds",
         "greater than 0",
     ),
+    (
+        "episodes on an elastic rollout pool",
+        {
+            "environment": {"name": "python"},
+            "rollout.placement": "separate",
+            "resources.rollout": {"replicas": 1, "minReplicas": 1, "maxReplicas": 2},
+        },
+        "spec.resources.rollout.maxReplicas",
+        "does not scale",
+    ),
 ]
 
 
@@ -389,6 +399,14 @@ VALID = [
         {"environment": {"name": "python", "maxTokensPerTurn": 200, "maxEpisodeTokens": 200}},
     ),
     ("an environment of one's own", {"environment": {"name": "my_envs.games:TicTacToe"}}),
+    (
+        "episodes on a fixed rollout pool",
+        {"environment": {"name": "python"}, "rollout.placement": "separate", "resources.rollout": {"replicas": 2}},
+    ),
+    (
+        "an elastic rollout pool without episodes",
+        {"rollout.placement": "separate", "resources.rollout": {"replicas": 1, "minReplicas": 1, "maxReplicas": 3}},
+    ),
     (
         "the overlong buffer against the episode",
         {"environment": {"name": "python", "maxEpisodeTokens": 512}, "reward.overlongPenalty": {"bufferLength": 300}},

@@ -76,7 +76,14 @@ def test_a_separate_rollout_is_one_engine_per_pod_spanning_its_gpus(minimal_mani
     )
     rollout = plan.group(ROLLOUT)
     assert rollout is not None and ROLLOUT not in plan.actor.roles
-    assert (rollout.actors, rollout.max_actors, rollout.gpus, rollout.actors_per_pod) == (2, 2, 4, 1)
+    # the runtime's replicas move between the pool's bounds, as its pods do
+    assert (rollout.actors, rollout.min_actors, rollout.max_actors, rollout.gpus, rollout.actors_per_pod) == (
+        2,
+        2,
+        4,
+        4,
+        1,
+    )
     pool = plan.pool("rollout")
     assert (pool.pods, pool.min_pods, pool.max_pods, pool.elastic, pool.units) == (2, 2, 4, True, 1)
 

@@ -1,10 +1,11 @@
-"""The reward pool's scaling decision: a table of what the pool observes and the size it moves to."""
+"""The elastic pools' scaling decision (reward workers and separate rollout replicas alike): a table of what a
+pool observes and the size it moves to."""
 
 import pytest
 
 from kuberl.api.resources import RoleResources
-from kuberl.api.topology import reward_group
-from kuberl.runtime.rewards.autoscale import PoolBounds, ScalePolicy, decide_pool_size
+from kuberl.api.topology import reward_group, rollout_group
+from kuberl.runtime.autoscale import PoolBounds, ScalePolicy, decide_pool_size
 
 POLICY = ScalePolicy(target_wait_s=1.0, idle_release_s=10.0)
 
@@ -79,6 +80,22 @@ def test_endpoint_workers_with_several_slots_need_fewer_new_workers() -> None:
 )
 def test_bounds_come_from_the_reward_resources(resources: RoleResources | None, expected: PoolBounds) -> None:
     assert PoolBounds.of(reward_group(resources)) == expected
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        (RoleResources(replicas=2), PoolBounds(2, 2, "rollout")),  # a fixed pool: min = max = replicas
+        (RoleResources(replicas=2, minReplicas=1, maxReplicas=4), PoolBounds(1, 4, "rollout")),
+    ],
+)
+def test_the_separate_rollout_pool_moves_between_its_own_bounds(resources: RoleResources, expected: PoolBounds) -> None:
+    assert PoolBounds.of(rollout_group(resources)) == expected
+
+
+def test_impossible_bounds_name_the_pools_resources() -> None:
+    with pytest.raises(ValueError, match=r"spec\.resources\.rollout"):
+        PoolBounds(2, 1, "rollout")
 
 
 @pytest.mark.parametrize(("low", "high"), [(3, 2), (0, 0), (-1, 2)])

@@ -1,8 +1,10 @@
-"""When the reward pool grows and shrinks: a pure function of what the pool observes.
+"""When an elastic pool grows and shrinks: a pure function of what the pool observes.
 
-`decide_pool_size` is the whole policy; `RewardPool` (pool.py) measures, calls it every
-`ScalePolicy.interval_s` and applies the answer by starting or releasing Ray actors. The rules,
-in order:
+`decide_pool_size` is the whole policy of both elastic pools: the reward workers (`RewardPool`,
+rewards/pool.py; its queue holds reward batches) and the separate rollout replicas (`RolloutPool`,
+rollout_pool.py; its queue holds the chunks of prompts waiting for generation). Each pool measures,
+calls it every `ScalePolicy.interval_s` and applies the answer by starting or releasing Ray actors.
+The rules, in order:
 
 1. Bounds: the size never leaves [minReplicas, maxReplicas]. A pool below its minimum (a worker
    died) is topped up even with nothing queued.
@@ -17,7 +19,8 @@ in order:
 
 Growing on queue *wait* rather than queue *length* keeps a pool whose workers clear the queue
 quickly from growing on every burst; the KubeRay autoscaler then adds a pod for each worker
-that asks for the `kuberl_reward` resource and removes pods once released workers leave them idle.
+that asks for the pool's resource (`kuberl_reward`, `kuberl_rollout`) and removes pods once released
+workers leave them idle.
 """
 
 import math
@@ -28,13 +31,13 @@ from kuberl.api.topology import ActorGroup
 
 @dataclass(frozen=True)
 class ScalePolicy:
-    """How eagerly the reward pool grows and how long an idle worker is kept."""
+    """How eagerly a pool grows and how long an idle worker is kept."""
 
     target_wait_s: float = 2.0  # grow when the oldest queued batch has waited longer than this
     idle_release_s: float = 60.0  # release a worker idle this long (KubeRay's default idleTimeoutSeconds)
     max_step_up: int | None = None  # most workers added at once; None: as many as the queue can use
     interval_s: float = 0.05  # how often the pool looks at its queue
-    max_batch_attempts: int = 3  # a batch whose worker died this many times fails its samples
+    max_batch_attempts: int = 3  # a batch whose worker died this many times fails (its samples, or the rollout)
     start_timeout_s: float = 900.0  # the first workers must be ready within this (image pulls on Kubernetes)
 
     def __post_init__(self) -> None:
@@ -49,23 +52,34 @@ class ScalePolicy:
 
 
 @dataclass(frozen=True)
+class ScaleEvent:
+    """One change of a pool's size."""
+
+    at_s: float  # seconds since the pool started
+    before: int
+    after: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class PoolBounds:
-    """The fewest and most reward workers: spec.resources.reward.minReplicas / maxReplicas."""
+    """The fewest and most workers of a pool: spec.resources.<pool>.minReplicas / maxReplicas."""
 
     min_size: int
     max_size: int
+    pool: str = "reward"  # the role whose spec.resources entry sets the bounds
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_size <= self.max_size or self.max_size < 1:
             raise ValueError(
-                f"reward pool bounds [{self.min_size}, {self.max_size}]: need 0 <= minReplicas <= maxReplicas "
-                "and maxReplicas >= 1 (spec.resources.reward)"
+                f"{self.pool} pool bounds [{self.min_size}, {self.max_size}]: need 0 <= minReplicas <= maxReplicas "
+                f"and maxReplicas >= 1 (spec.resources.{self.pool})"
             )
 
     @classmethod
     def of(cls, group: ActorGroup) -> "PoolBounds":
-        """The reward group's bounds (spec.resources.reward's min/maxReplicas; one worker without a pool)."""
-        return cls(group.min_actors, group.max_actors)
+        """A group's bounds: spec.resources.<role>'s min/maxReplicas (the reward group without a pool: one worker)."""
+        return cls(group.min_actors, group.max_actors, str(group.name))
 
 
 def decide_pool_size(
