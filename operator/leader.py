@@ -241,7 +241,10 @@ class LeaseElector:
             self.is_leader = True
             logger.info("became the leader (Lease %s, identity %s)", self.path, self.election.identity)
             self.on_leading_changed(True)
-            self.on_started_leading()
+        # Every renewal, not only the first: a renewal slow enough to outlast the renew deadline closed the
+        # fence for a moment while this replica kept the Lease, and a trigger in that moment was set aside
+        # to wait. Nothing else would run it: a job whose timed pass waited would never be reconciled again.
+        self.on_started_leading()
 
     def _write(self, lease: dict[str, Any] | None, spec: dict[str, Any]) -> None:
         meta = {"name": self.election.name, "namespace": self.election.namespace}

@@ -348,7 +348,9 @@ class ReconcileQueue:
         self.waiting.discard(key)
 
     def start_leading(self) -> None:
-        """This replica now holds the Lease: a pass for every job that waited (in the event loop)."""
+        """This replica holds the Lease (newly, or renewed): a pass for every job that waited (in the event loop)."""
+        if not self.waiting:
+            return
         waiting, self.waiting = sorted(self.waiting), set()
         logger.info("leading: a pass for each of %d waiting RLJobs", len(waiting))
         for namespace, name in waiting:

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.integration
 CLAIM = REPO / "examples" / "k8s" / "tiny-grpo-checkpoints.yaml"
 #: The loop tests' jobs: this many steps, a checkpoint every 2.
 STEPS = 6
+#: The demo's model, built in a second on each pod (tiny://counter, the example's, pretrains for 20-60 s per pod).
+QUICK = {"spec.models.actor.path": "tiny://demo"}
 CHECKPOINT_FOLDER = re.compile(r"^step-(\d+)$")
 #: What `kubectl get` asks for: the server-side table with the CRD's printer columns.
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"

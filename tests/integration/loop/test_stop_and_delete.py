@@ -9,12 +9,11 @@ import pytest
 from kuberl.operator import names
 from tests.integration.envtest import wait_until
 from tests.integration.kuberay_standin import alive
-from tests.integration.loop.conftest import Loop, committed_steps, short
+from tests.integration.loop.conftest import QUICK, Loop, committed_steps, short
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 #: The demo's shape without its pretraining: every pod builds its own copy in a second, not in a minute.
-QUICK = {"spec.models.actor.path": "tiny://demo"}
 
 
 def gone(loop: Loop, path: str) -> bool:

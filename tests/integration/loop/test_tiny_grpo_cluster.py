@@ -1,8 +1,10 @@
 """examples/tiny-grpo-cluster.yaml on a "cluster": the RLJob created on the API server, the chart's operator, KubeRay
 and the pods played by the stand-in (each pod a Ray node with a filesystem of its own), the model on the claim.
 
-The example runs as written but for its length: STEPS steps, a checkpoint every 2. Its data path,
-/opt/kuberl/examples/data, is where the runtime image carries the prompts (the stand-in's "image").
+The example runs as written but for its length (STEPS steps, a checkpoint every 2) and its model: tiny://demo,
+which each pod builds in a second, where tiny://counter pretrains for 20-60 s in every pod of every run (the
+suite's time; test_models_on_each_node.py builds a model per node). Its data path, /opt/kuberl/examples/data,
+is where the runtime image carries the prompts (the stand-in's "image").
 """
 
 import json
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from tests.integration.envtest import wait_until
-from tests.integration.loop.conftest import STEPS, Loop, committed_steps, short, weights
+from tests.integration.loop.conftest import QUICK, STEPS, Loop, committed_steps, short, weights
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -21,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def uninterrupted(loop: Loop) -> tuple[str, dict[str, Any]]:
     """The example, run to the end without interruption: (its name, its final status)."""
-    name = loop.create(short("tiny-grpo-cluster.yaml", "tiny-grpo"))
+    name = loop.create(short("tiny-grpo-cluster.yaml", "tiny-grpo", **QUICK))
     return name, loop.wait_phase(name, "Succeeded", timeout=420)
 
 
@@ -47,7 +49,7 @@ def test_a_killed_worker_pod_restarts_the_job_from_its_checkpoint_to_the_same_we
     loop: Loop, uninterrupted: tuple[str, dict[str, Any]]
 ):
     baseline, _ = uninterrupted
-    name = loop.create(short("tiny-grpo-cluster.yaml", "tiny-grpo-killed"))
+    name = loop.create(short("tiny-grpo-cluster.yaml", "tiny-grpo-killed", **QUICK))
     folder = loop.job_folder(name)
     wait_until(lambda: committed_steps(folder), timeout=300, interval=0.1, what="the first checkpoint")
     (victim, *_) = [pod for pod in loop.standin.pods(loop.namespace, f"{name}-0") if pod.group == "actor"]

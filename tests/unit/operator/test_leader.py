@@ -13,7 +13,7 @@ from kubernetes.client import Configuration
 
 from kuberl.operator.decide import Decision
 from kuberl.operator.kube import ApiUnreachable, Kube
-from kuberl.operator.leader import Leadership, NotLeading, micro_time, next_lease_spec, released_spec
+from kuberl.operator.leader import Leadership, LeaseElector, NotLeading, micro_time, next_lease_spec, released_spec
 from kuberl.operator.reconcile import ReconcileQueue
 from kuberl.operator.settings import LeaderElection, OperatorSettings
 from kuberl.operator.status import OperatorStatus
@@ -259,3 +259,64 @@ def test_a_pass_fenced_mid_way_leaves_its_job_waiting_without_counting_a_failure
     queue.close()
     assert queue.waiting == {("ns", "a")}
     assert queue._failures == {}
+
+
+class SlowLeaseServer:
+    """An in-memory stand-in for the API server's Lease endpoint (a test double: one object, no conflicts) whose
+    read runs `during_read` first, so a test can act while a renewal is in flight."""
+
+    def __init__(self, during_read: Any) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.during_read = during_read
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        self.during_read()
+        return self.lease
+
+    def create(self, path: str, body: dict[str, Any]) -> None:
+        self.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}
+
+    def call(self, method: str, path: str, body: dict[str, Any]) -> None:
+        self.create(path, body)
+
+
+def test_a_job_set_aside_while_a_slow_renewal_outlasted_the_deadline_runs_when_that_renewal_lands():
+    """The renewal keeps the Lease but lands after the renew deadline: for that moment the fence was closed,
+    and a timed pass that came then waited. The old elector ran waiting jobs only on a new lead, so that job
+    was never reconciled again (the loop test's restart after a killed pod hung on a loaded machine)."""
+    clock = Clock()
+    election = LeaderElection(namespace="ops", identity="me", renew_deadline_seconds=10.0, retry_period_seconds=2.0)
+    leadership = Leadership(renew_deadline=election.renew_deadline_seconds, clock=clock)
+    counting = CountingReconciler()
+    queue = ReconcileQueue(counting, workers=1, leadership=leadership)  # type: ignore[arg-type]
+    slow = {"on": False}
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+
+        def during_read() -> None:
+            if slow["on"]:  # the renewal started at 105 is still in flight at 111, past the deadline of 110
+                clock.now = 111.0
+                asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result()  # the loop runs meanwhile
+                loop.call_soon_threadsafe(queue.request, "ns", "a")
+                asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), loop).result()
+
+        server = SlowLeaseServer(during_read)
+        elector = LeaseElector(
+            server,  # type: ignore[arg-type]
+            election,
+            leadership,
+            on_started_leading=queue.start_leading,
+            on_stopped_leading=queue.stop_leading,
+            clock=clock,
+            wall_clock=lambda: NOW,
+        )
+        await elector.try_acquire_or_renew()  # acquires at 100: may write until 110
+        assert elector.is_leader and leadership.leading
+        clock.now, slow["on"] = 105.0, True
+        await elector.try_acquire_or_renew()
+        await until(lambda: counting.passes == [("ns", "a")])
+        assert elector.is_leader and leadership.leading and queue.waiting == set()
+
+    asyncio.run(scenario())
+    queue.close()
