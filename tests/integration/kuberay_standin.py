@@ -62,7 +62,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +192,14 @@ class Mount:
             if self.read_only:
                 lines.append(f"mount -o remount,bind,ro {target}")
         return lines
+
+
+def held(source: Path | None, kept: dict[Path, Path]) -> Path | None:
+    """`source` as a pod sees it while its private mounts hide the kept folders: inside the folder holding it."""
+    for path, hold in kept.items():
+        if source is not None and source.is_relative_to(path):
+            return hold / source.relative_to(path)
+    return source
 
 
 @dataclass
@@ -644,7 +652,17 @@ class KubeRayStandIn:
         env = self._environment(cluster, container, ports)
         mounts = self._mounts(cluster.namespace, pod_spec, container, folder)
         argv = self._ray_start(cluster, group_spec, container, head)
-        script = "\n".join(["set -eu", *[line for mount in mounts for line in mount.commands()], f"cd {IMAGE_HOME}"])
+        kept = self._image_under_private_mounts(folder)
+        holds = [
+            f"mkdir -p {shlex.quote(str(hold))} && mount --bind {shlex.quote(str(path))} {shlex.quote(str(hold))}"
+            for path, hold in kept.items()
+        ]
+        mounts = [replace(mount, source=held(mount.source, kept)) for mount in mounts]  # sources bound from the holds
+        mounts += [Mount(str(path), hold) for path, hold in kept.items()]
+        mounts.sort(key=lambda m: m.target.count("/"))  # a mount before the ones inside it
+        script = "\n".join(
+            ["set -eu", *holds, *[line for mount in mounts for line in mount.commands()], f"cd {IMAGE_HOME}"]
+        )
         log_file = folder / "pod.log"
         with log_file.open("wb") as output:
             process = subprocess.Popen(
@@ -703,6 +721,16 @@ class KubeRayStandIn:
                 env[variable["name"]] = str(variable.get("value", ""))
         # every pod shares this machine's network: a value naming a declared port names the port it got here
         return {key: str(ports.get(int(value), value)) if value.isdigit() else value for key, value in env.items()}
+
+    @staticmethod
+    def _image_under_private_mounts(folder: Path) -> dict[Path, Path]:
+        """The "image" folders (this checkout, its virtual environment) that a pod's private /tmp, /dev/shm or
+        home would hide (a checkout cloned under /tmp, as CI may do), each with a folder that holds it: bound
+        there before the private mounts go up, and bound back at its own path after."""
+        private = [Path("/tmp"), Path("/dev/shm"), Path(IMAGE_HOME)]
+        image = {REPO, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+        hidden = sorted(path for path in image if any(path.is_relative_to(top) for top in private))
+        return {path: folder / "image" / str(index) for index, path in enumerate(hidden)}
 
     def _mounts(self, namespace: str, pod_spec: dict[str, Any], container: dict[str, Any], folder: Path) -> list[Mount]:
         """The pod's filesystem: private /tmp, /dev/shm and home, the image's files, then its volumes."""
