@@ -164,7 +164,8 @@ def utcnow() -> datetime:
 class LeaseElector:
     """Holds or waits for the Lease, opening and closing `leadership`, and tells the queue when it leads.
 
-    `on_started_leading` / `on_stopped_leading` run in the event loop. `kube` must be a Kube without a
+    `on_started_leading` / `on_stopped_leading` (and `on_renewed`, after each renewal of a held Lease) run in
+    the event loop. `kube` must be a Kube without a
     fence: the Lease's own writes are what open the fence.
     """
 
@@ -177,12 +178,13 @@ class LeaseElector:
         on_started_leading: Callable[[], None],
         on_stopped_leading: Callable[[], None],
         on_leading_changed: Callable[[bool], None] = lambda leading: None,
+        on_renewed: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.kube, self.election, self.leadership = kube, election, leadership
         self.on_started_leading, self.on_stopped_leading = on_started_leading, on_stopped_leading
-        self.on_leading_changed = on_leading_changed
+        self.on_leading_changed, self.on_renewed = on_leading_changed, on_renewed
         self.clock, self.wall_clock = clock, wall_clock
         self.path = lease_path(election.namespace, election.name)
         self.is_leader = False
@@ -241,10 +243,12 @@ class LeaseElector:
             self.is_leader = True
             logger.info("became the leader (Lease %s, identity %s)", self.path, self.election.identity)
             self.on_leading_changed(True)
-        # Every renewal, not only the first: a renewal slow enough to outlast the renew deadline closed the
-        # fence for a moment while this replica kept the Lease, and a trigger in that moment was set aside
-        # to wait. Nothing else would run it: a job whose timed pass waited would never be reconciled again.
-        self.on_started_leading()
+            self.on_started_leading()
+        else:
+            # A renewal slow enough to outlast the renew deadline closed the fence for a moment while this
+            # replica kept the Lease; a trigger in that moment was set aside to wait, and nothing else would
+            # run it: a job whose timed pass waited would never be reconciled again.
+            self.on_renewed()
 
     def _write(self, lease: dict[str, Any] | None, spec: dict[str, Any]) -> None:
         meta = {"name": self.election.name, "namespace": self.election.namespace}

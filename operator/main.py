@@ -88,6 +88,7 @@ def build_operator(settings: OperatorSettings, kube: Kube | None = None) -> Oper
             election,
             leadership,
             on_started_leading=queue.start_leading,
+            on_renewed=queue.start_leading,  # the jobs set aside while a late renewal had closed the fence
             on_stopped_leading=queue.stop_leading,
             on_leading_changed=lambda leading: metrics.leader.set(1 if leading else 0),
         )

@@ -54,7 +54,9 @@ def test_a_ppo_job_with_a_pool_per_role_runs_each_role_on_its_own_pods(loop: Loo
         timeout=400,
         what="the first step reported",
     )
-    on_pods = {pod.group: worker_classes(pod.processes()) for pod in loop.standin.pods(loop.namespace, f"{name}-0")}
+    # the RayJob now running: on a loaded machine a node can miss its heartbeats and the job restart as -1
+    current = f"{name}-{(loop.rljob(name).get('status') or {}).get('restarts', 0)}"
+    on_pods = {pod.group: worker_classes(pod.processes()) for pod in loop.standin.pods(loop.namespace, current)}
 
     loop.wait_phase(name, "Succeeded", timeout=300)
 

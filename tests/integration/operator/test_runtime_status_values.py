@@ -30,6 +30,7 @@ def create_rljob(cp: ControlPlane, namespace: str, name: str) -> None:
             "models": {"actor": {"path": "tiny://demo"}},
             "data": {"train": "/data/train.jsonl"},
             "reward": {"function": "tiny_task"},
+            "checkpoint": {"pvcClaimName": "checkpoints"},  # the webhook asks for storage every pod shares
         },
     }
     cp.request("POST", f"/apis/kuberl.io/v1alpha1/namespaces/{namespace}/rljobs", body)

@@ -308,6 +308,7 @@ def test_a_job_set_aside_while_a_slow_renewal_outlasted_the_deadline_runs_when_t
             leadership,
             on_started_leading=queue.start_leading,
             on_stopped_leading=queue.stop_leading,
+            on_renewed=queue.start_leading,  # as operator/main.py wires it
             clock=clock,
             wall_clock=lambda: NOW,
         )
