@@ -138,3 +138,13 @@ class World:
 @pytest.fixture
 def world() -> World:
     return World(rljob=make_rljob())
+
+
+class ManualClock:
+    """A monotonic clock the test moves by hand (`clock.now = ...`), for code that takes a `clock` callable."""
+
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now

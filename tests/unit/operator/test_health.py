@@ -10,21 +10,14 @@ import pytest
 
 from kuberl.operator.health import LoopHeartbeat
 from kuberl.operator.metrics import OperatorMetrics
+from tests.unit.operator.conftest import ManualClock
 
 STALL_SECONDS = 0.5
 WEDGE_SECONDS = 3.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_heartbeat_older_than_the_stall_limit_is_unhealthy_and_says_how_old():
-    clock = Clock()
+    clock = ManualClock(50.0)
     heartbeat = LoopHeartbeat(stall_seconds=10.0, clock=clock)
     clock.now = 59.0
     assert heartbeat.check() == (True, "the event loop ran 9.0 s ago")

@@ -17,6 +17,7 @@ from kuberl.operator.leader import Leadership, LeaseElector, NotLeading, micro_t
 from kuberl.operator.reconcile import ReconcileQueue
 from kuberl.operator.settings import LeaderElection, OperatorSettings
 from kuberl.operator.status import OperatorStatus
+from tests.unit.operator.conftest import ManualClock
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 250000, tzinfo=UTC)
 STAMP = "2026-03-01T12:00:00.250000Z"
@@ -29,14 +30,6 @@ def held_by(holder: str | None, duration: int = 15, transitions: int = 4) -> dic
     if holder is not None:
         spec["holderIdentity"] = holder
     return spec
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- the record -------------------------------------------------------------------------------------------
@@ -99,7 +92,7 @@ def test_without_election_the_replica_always_leads():
 
 
 def test_an_elected_replica_writes_only_until_the_renew_deadline_after_its_last_renewal_started():
-    clock = Clock()
+    clock = ManualClock(100.0)
     leadership = Leadership(renew_deadline=10.0, clock=clock)
     assert not leadership.leading  # nothing acquired yet
     leadership.renewed(started_at=100.0)
@@ -111,7 +104,7 @@ def test_an_elected_replica_writes_only_until_the_renew_deadline_after_its_last_
 
 
 def test_closing_the_fence_stops_writes_at_once():
-    clock = Clock()
+    clock = ManualClock(100.0)
     leadership = Leadership(renew_deadline=10.0, clock=clock)
     leadership.renewed(started_at=100.0)
     leadership.close()
@@ -195,7 +188,7 @@ async def until(check: Any, timeout: float = 5.0) -> None:
 
 
 def test_a_standby_runs_no_pass_and_runs_every_waiting_job_once_it_leads():
-    clock = Clock()
+    clock = ManualClock(100.0)
     leadership = Leadership(renew_deadline=10.0, clock=clock)
     counting = CountingReconciler()
     queue = ReconcileQueue(counting, workers=2, leadership=leadership)  # type: ignore[arg-type]
@@ -218,7 +211,7 @@ def test_a_standby_runs_no_pass_and_runs_every_waiting_job_once_it_leads():
 
 
 def test_a_replica_that_stops_leading_runs_no_more_timed_passes_and_keeps_the_jobs_waiting():
-    clock = Clock()
+    clock = ManualClock(100.0)
     leadership = Leadership(renew_deadline=10.0, clock=clock)
     leadership.renewed(started_at=clock.now)
     counting = CountingReconciler(requeue_after=0.05)  # every pass asks for the next in 0.05 s
@@ -238,7 +231,7 @@ def test_a_replica_that_stops_leading_runs_no_more_timed_passes_and_keeps_the_jo
 
 
 def test_a_pass_fenced_mid_way_leaves_its_job_waiting_without_counting_a_failure():
-    clock = Clock()
+    clock = ManualClock(100.0)
     leadership = Leadership(renew_deadline=10.0, clock=clock)
     leadership.renewed(started_at=clock.now)
 
@@ -284,7 +277,7 @@ def test_a_job_set_aside_while_a_slow_renewal_outlasted_the_deadline_runs_when_t
     """The renewal keeps the Lease but lands after the renew deadline: for that moment the fence was closed,
     and a timed pass that came then waited. The old elector ran waiting jobs only on a new lead, so that job
     was never reconciled again (the loop test's restart after a killed pod hung on a loaded machine)."""
-    clock = Clock()
+    clock = ManualClock(100.0)
     election = LeaderElection(namespace="ops", identity="me", renew_deadline_seconds=10.0, retry_period_seconds=2.0)
     leadership = Leadership(renew_deadline=election.renew_deadline_seconds, clock=clock)
     counting = CountingReconciler()
