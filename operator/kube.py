@@ -16,6 +16,7 @@ import kubernetes
 import urllib3
 from kubernetes.client import Configuration
 
+from kuberl.api.wire import request_body
 from kuberl.operator.names import FIELD_MANAGER
 
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: the client sends the dict as JSON
@@ -167,7 +168,7 @@ class Kube:
         url = self.configuration.host.rstrip("/") + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        data = json.dumps(body).encode() if body is not None else None
+        data = request_body(body) if body is not None else None
         try:
             response = self.pool.request(method, url, body=data, headers=headers, timeout=timeout, retries=False)
         except (urllib3.exceptions.HTTPError, OSError) as error:  # ProtocolError, NewConnectionError, timeouts

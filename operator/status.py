@@ -8,6 +8,7 @@ condition's `lastTransitionTime` moves only when its status flips; reason and me
 without a flip. Times are RFC 3339 strings with second precision, as Kubernetes writes them.
 """
 
+import re
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -42,11 +43,23 @@ def rayjob_state(rayjob: dict[str, Any]) -> RayJobState:
     return RayJobState.STARTING
 
 
+#: The most of KubeRay's message a condition carries. KubeRay puts up to the last 20,000 characters of the job's
+#: log in it; a condition keeps the message's first line (what failed) and the log's end (the error raised).
+RAYJOB_MESSAGE_LIMIT = 1500
+#: Terminal colour codes (Ray prefixes each worker's lines with them): noise in `kubectl describe`.
+_COLOURS = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def rayjob_message(rayjob: dict[str, Any]) -> str:
-    """KubeRay's own explanation (status.reason / status.message), when it gave one."""
+    """KubeRay's own explanation (status.reason / status.message), when it gave one, without colour codes and
+    cut to its first line and its end when long."""
     status = rayjob.get("status") or {}
-    parts = [str(status[key]) for key in ("reason", "message") if status.get(key)]
-    return ": ".join(parts)
+    parts = [_COLOURS.sub("", str(status[key])).strip() for key in ("reason", "message") if status.get(key)]
+    text = ": ".join(part for part in parts if part)
+    if len(text) <= RAYJOB_MESSAGE_LIMIT:
+        return text
+    head = text.split("\n", 1)[0][: RAYJOB_MESSAGE_LIMIT // 3]
+    return f"{head}\n[...]\n{text[len(text) - (RAYJOB_MESSAGE_LIMIT - len(head) - 7) :]}"
 
 
 def format_time(moment: datetime) -> str:

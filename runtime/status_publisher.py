@@ -33,6 +33,7 @@ from typing import Any
 
 from kuberl.api import contract
 from kuberl.api.status import REPORT_KEY, Metrics, RuntimeReport
+from kuberl.api.wire import request_body
 from kuberl.runtime.telemetry import status_fields
 
 log = logging.getLogger(__name__)
@@ -251,9 +252,7 @@ class KubernetesStatusPublisher(StatusPublisher):
             if self.token_file is not None:  # re-read every time: projected tokens are rotated
                 headers["Authorization"] = f"Bearer {self.token_file.read_text().strip()}"
             # JSON is YAML: the apply-patch+yaml content type takes it as is.
-            request = urllib.request.Request(
-                self.url, data=json.dumps(body, allow_nan=False).encode(), headers=headers, method="PATCH"
-            )
+            request = urllib.request.Request(self.url, data=request_body(body), headers=headers, method="PATCH")
             with urllib.request.urlopen(request, timeout=self.request_timeout, context=self.ssl_context) as response:
                 response.read()
         except urllib.error.HTTPError as error:

@@ -110,8 +110,12 @@ class Loop:
             raise AssertionError(f"{error}\n{self.diagnosis(name)}") from None
 
     def diagnosis(self, name: str) -> str:
-        """The RLJob's status, its RayJobs' statuses, the stand-in's problems, driver logs and pod logs."""
+        """The RLJob's status, its RayJobs' statuses, the operator's warnings, the stand-in's problems, driver logs
+        and pod logs."""
         parts = [f"RLJob status: {yaml.safe_dump(self.rljob(name).get('status'))}"]
+        parts.append(
+            "operator warnings:\n" + "\n".join(record.getMessage()[:1500] for record in self.installation.logs[-20:])
+        )
         for rayjob, item in self.rayjobs(name).items():
             parts.append(f"RayJob {rayjob}: {item.get('status')}")
             parts.append(f"driver log of {rayjob}:\n{self.standin.driver_log(self.namespace, rayjob)[-6000:]}")

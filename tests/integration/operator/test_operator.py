@@ -117,8 +117,13 @@ def test_the_rljob_follows_its_rayjob_to_success(cluster: Cluster):
 def test_a_failure_restarts_from_the_checkpoint_until_max_restarts(cluster: Cluster):
     cluster.create("flaky", tiny_spec(runPolicy={"maxRestarts": 1, "backoffSeconds": 1}))
     wait_for(lambda: "flaky-0" in cluster.rayjobs(), what="RayJob flaky-0")
-    cluster.kuberay("flaky-0", "Failed", "FAILED", message="job exited with code 75")
-    cluster.wait_status("flaky", phase="Restarting")
+    # KubeRay's message is the end of the job's log: Ray's colour codes, and gloo's emoji beyond U+FFFF (which
+    # a surrogate-pair JSON body would have made the API server refuse in every status write after it).
+    log = "\x1b[36m(ModelWorker pid=123)\x1b[0m Read error: Connection reset by peer. GLHF! \U0001f3d6\ufe0f"
+    cluster.kuberay("flaky-0", "Failed", "FAILED", message=f"Job entrypoint command failed with exit code 1\n{log}")
+    restarting = cluster.wait_status("flaky", phase="Restarting")
+    shown = next(c for c in restarting["conditions"] if c["type"] == "Restarting")["message"]
+    assert "exit code 1\n(ModelWorker pid=123) Read error: Connection reset by peer. GLHF! \U0001f3d6\ufe0f" in shown
     restarted = wait_for(lambda: cluster.rayjobs().get("flaky-1"), timeout=10, what="RayJob flaky-1")
     assert restarted["metadata"]["labels"][names.RESTART_LABEL] == "1"
     assert "--resume" in shlex.split(restarted["spec"]["entrypoint"])

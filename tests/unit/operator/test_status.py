@@ -4,6 +4,7 @@ import pytest
 
 from kuberl.api.enums import ConditionReason, ConditionType, Phase
 from kuberl.operator.status import (
+    RAYJOB_MESSAGE_LIMIT,
     OperatorStatus,
     RayJobState,
     flipped,
@@ -64,6 +65,19 @@ def test_a_rayjob_without_status_is_starting():
 def test_rayjob_message_joins_kuberays_reason_and_message():
     assert rayjob_message({"status": {"reason": "AppFailed", "message": "exit code 75"}}) == "AppFailed: exit code 75"
     assert rayjob_message({"status": {}}) == ""
+
+
+def test_a_long_rayjob_message_keeps_what_failed_and_the_error_at_the_end_of_the_log_without_colour_codes():
+    log = "".join(f"\x1b[36m(ModelWorker pid=123)\x1b[0m loading shard {i}\n" for i in range(2000))
+    error = (
+        "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer. GLHF! \U0001f3d6\ufe0f"
+    )
+    message = "Job entrypoint command failed with exit code 1, last available logs:\n" + log + error
+    shown = rayjob_message({"status": {"reason": "AppFailed", "message": message}})
+    assert len(shown) <= RAYJOB_MESSAGE_LIMIT
+    assert shown.startswith("AppFailed: Job entrypoint command failed with exit code 1")
+    assert shown.endswith(error)
+    assert "\x1b" not in shown and "(ModelWorker pid=123) loading shard 1999" in shown
 
 
 def test_a_new_condition_takes_the_current_time():
