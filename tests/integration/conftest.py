@@ -28,3 +28,13 @@ def ray_session():
     )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def rank_pool():
+    """Processes that run the FSDP2 tests' ranks, started once (runtime/rank_pool.py)."""
+    from tests.integration.runtime.rank_pool import RankPool
+
+    pool = RankPool()
+    yield pool
+    pool.close()

@@ -17,6 +17,7 @@ from kuberl.runtime.checkpoint import CheckpointStore
 from kuberl.runtime.checkpoint.storage import Location
 from kuberl.runtime.checkpoint.store import LATEST
 from tests.integration.runtime.moto_s3 import moto_s3
+from tests.integration.runtime.rank_pool import RankPool
 from tests.integration.runtime.test_checkpoint_state import (
     assert_resumed_like_uninterrupted,
     resume,
@@ -30,17 +31,17 @@ BUCKET = "kuberl-checkpoints"
 
 @pytest.fixture(scope="module")
 def s3_uri() -> Iterator[str]:
-    """A bucket on a moto server; the AWS_* variables are set for this process and the ranks it spawns."""
+    """A bucket on a moto server; the AWS_* variables are set for this process and go to the ranks with each job."""
     with moto_s3(BUCKET):
         yield f"s3://{BUCKET}/jobs/demo"
 
 
-def test_s3_round_trip_from_two_ranks_to_one(s3_uri: str, tmp_path: Path):
+def test_s3_round_trip_from_two_ranks_to_one(s3_uri: str, tmp_path: Path, rank_pool: RankPool):
     store = CheckpointStore(s3_uri, keep_last=2)
-    (ref,) = save_uninterrupted_run([store], tmp_path / "uninterrupted.pt")
+    (ref,) = save_uninterrupted_run(rank_pool, [store], tmp_path / "uninterrupted.pt")
     assert ref.uri == f"{s3_uri}/step-000001"
     assert CheckpointStore(s3_uri, keep_last=2).latest() == ref
-    resumed = resume(ref, 1, tmp_path / "resumed.pt")
+    resumed = resume(rank_pool, ref, 1, tmp_path / "resumed.pt")
     assert_resumed_like_uninterrupted(resumed, torch.load(tmp_path / "uninterrupted.pt"), exact=False)
 
 

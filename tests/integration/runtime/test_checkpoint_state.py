@@ -20,13 +20,13 @@ import fsspec
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.checkpoint import CheckpointRef, CheckpointStore, export_hf, load_trainer_state, save_trainer_state
 from kuberl.runtime.engines.fsdp import FSDPTrainer, global_sum
+from tests.integration.runtime.rank_pool import RankPool
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ class NonAtomicFileSystem(DirFileSystem):
         return "/" + str(path).removeprefix("nonatomic://").lstrip("/")
 
 
-# Here, at import, so that the spawned ranks (which import this module for their function) know it too.
+# Here, at import, so that the ranks' processes (which import this module for their function) know it too.
 # test_checkpoint_s3.py runs the object-store round trip through it.
 fsspec.register_implementation("nonatomic", NonAtomicFileSystem, clobber=True)
 
@@ -112,7 +112,6 @@ def uninterrupted_rank(rank: int, world: int, rendezvous: str, locations: list[s
     if rank == 0:
         torch.save({"after_first": after_first, "after_second": after_second, **second}, out)
     dist.destroy_process_group()
-    exit_at_once()
 
 
 def resumed_rank(rank: int, world: int, rendezvous: str, location: str, out: str) -> None:
@@ -127,14 +126,6 @@ def resumed_rank(rank: int, world: int, rendezvous: str, location: str, out: str
     if rank == 0:
         torch.save({"loaded": loaded, "after_second": after_second, **second}, out)
     dist.destroy_process_group()
-    exit_at_once()
-
-
-def exit_at_once() -> None:
-    """End a rank without the interpreter's teardown, which takes seconds with torch loaded; all is written."""
-    import os
-
-    os._exit(0)
 
 
 def rendezvous_file(out: Path) -> str:
@@ -142,16 +133,16 @@ def rendezvous_file(out: Path) -> str:
     return str(out.with_suffix(".rendezvous"))
 
 
-def save_uninterrupted_run(stores: list[CheckpointStore], out: Path) -> list[CheckpointRef]:
+def save_uninterrupted_run(ranks: RankPool, stores: list[CheckpointStore], out: Path) -> list[CheckpointRef]:
     """The driver's part around the ranks' save, into each store: begin, the ranks write, commit."""
     locations = [store.begin(1) for store in stores]
-    mp.spawn(uninterrupted_rank, args=(2, rendezvous_file(out), locations, str(out)), nprocs=2, join=True)
+    ranks.run(uninterrupted_rank, 2, 2, rendezvous_file(out), locations, str(out))
     job = {"kind": "RLJob", "metadata": {"name": "resume"}}
     return [store.commit(location, 1, {"epoch": 0}, job) for store, location in zip(stores, locations, strict=True)]
 
 
-def resume(ref: CheckpointRef, world: int, out: Path) -> dict[str, Any]:
-    mp.spawn(resumed_rank, args=(world, rendezvous_file(out), ref.uri, str(out)), nprocs=world, join=True)
+def resume(ranks: RankPool, ref: CheckpointRef, world: int, out: Path) -> dict[str, Any]:
+    ranks.run(resumed_rank, world, world, rendezvous_file(out), ref.uri, str(out))
     return torch.load(out)
 
 
@@ -172,10 +163,10 @@ class Saved:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
+def saved(tmp_path_factory: pytest.TempPathFactory, rank_pool: RankPool) -> Saved:
     folder = tmp_path_factory.mktemp("checkpoint")
     stores = [CheckpointStore(str(folder / "local"), 2), CheckpointStore(f"nonatomic://{folder}/object-store", 2)]
-    local, object_store = save_uninterrupted_run(stores, folder / "uninterrupted.pt")
+    local, object_store = save_uninterrupted_run(rank_pool, stores, folder / "uninterrupted.pt")
     return Saved(local, object_store, torch.load(folder / "uninterrupted.pt"))
 
 
@@ -203,18 +194,20 @@ def test_object_store_checkpoint_is_committed_in_place_by_its_marker(saved: Save
     assert CheckpointStore(root, keep_last=2).latest() == saved.object_store
 
 
-def test_resume_on_the_same_world_size_is_bit_identical(saved: Saved, tmp_path: Path):
-    resumed = resume(saved.local, 2, tmp_path / "resumed.pt")
+def test_resume_on_the_same_world_size_is_bit_identical(saved: Saved, tmp_path: Path, rank_pool: RankPool):
+    resumed = resume(rank_pool, saved.local, 2, tmp_path / "resumed.pt")
     assert_resumed_like_uninterrupted(resumed, saved.uninterrupted, exact=True)
 
 
-def test_resume_on_one_rank_from_an_object_store_matches_the_two_rank_run(saved: Saved, tmp_path: Path):
-    resumed = resume(saved.object_store, 1, tmp_path / "resumed.pt")
+def test_resume_on_one_rank_from_an_object_store_matches_the_two_rank_run(
+    saved: Saved, tmp_path: Path, rank_pool: RankPool
+):
+    resumed = resume(rank_pool, saved.object_store, 1, tmp_path / "resumed.pt")
     assert_resumed_like_uninterrupted(resumed, saved.uninterrupted, exact=False)
 
 
-def test_resume_on_three_ranks_matches_the_two_rank_run(saved: Saved, tmp_path: Path):
-    resumed = resume(saved.local, 3, tmp_path / "resumed.pt")  # uneven shards: 16 rows -> 6, 6, 4
+def test_resume_on_three_ranks_matches_the_two_rank_run(saved: Saved, tmp_path: Path, rank_pool: RankPool):
+    resumed = resume(rank_pool, saved.local, 3, tmp_path / "resumed.pt")  # uneven shards: 16 rows -> 6, 6, 4
     assert_resumed_like_uninterrupted(resumed, saved.uninterrupted, exact=False)
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.checkpoint.state import load_trainer_state, save_trainer_state
 from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu
 from kuberl.runtime.updates import UpdateConfig, update_policy
+from tests.integration.runtime.rank_pool import RankPool
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, layout, make_batch, tiny_model
 
 pytestmark = pytest.mark.integration
@@ -76,10 +76,10 @@ def train_rank(rank: int, rendezvous: str, out: str, checkpoints: str) -> None:
     dist.destroy_process_group()
 
 
-def test_offloaded_fsdp2_keeps_shards_in_host_memory_and_trains_the_same(tmp_path: Path):
+def test_offloaded_fsdp2_keeps_shards_in_host_memory_and_trains_the_same(tmp_path: Path, rank_pool: RankPool):
     out = tmp_path / "offload.pt"
     args = (str(tmp_path / "rendezvous"), str(out), str(tmp_path / "checkpoints"))
-    mp.spawn(train_rank, args=args, nprocs=WORLD, join=True)
+    rank_pool.run(train_rank, WORLD, *args)
     results = torch.load(out)
     plain, offloaded = results[False], results[True]
     assert (plain["policy"], offloaded["policy"]) == (False, True)

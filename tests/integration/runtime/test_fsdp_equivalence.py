@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.correction import CorrectionConfig, rollout_correction
@@ -20,6 +19,7 @@ from kuberl.runtime.algorithms.losses import PolicyLossConfig, PolicyLossInputs,
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import FSDPTrainer, position_ids
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_policy
+from tests.integration.runtime.rank_pool import RankPool
 
 pytestmark = pytest.mark.integration
 
@@ -125,9 +125,9 @@ def reference_update() -> dict[str, torch.Tensor]:
     return {name: param.detach().clone() for name, param in model.named_parameters()}
 
 
-def test_two_rank_fsdp_update_equals_single_process_reference(tmp_path: Path):
+def test_two_rank_fsdp_update_equals_single_process_reference(tmp_path: Path, rank_pool: RankPool):
     out = tmp_path / "fsdp.pt"
-    mp.spawn(fsdp_rank, args=(2, str(tmp_path / "rendezvous"), str(out)), nprocs=2, join=True)
+    rank_pool.run(fsdp_rank, 2, 2, str(tmp_path / "rendezvous"), str(out))
     sharded = torch.load(out)
     reference = reference_update()
     initial = {name: param.detach() for name, param in tiny_model().named_parameters()}
@@ -186,10 +186,10 @@ def on_policy_rank(rank: int, rendezvous: str, out: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def on_policy_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def on_policy_results(tmp_path_factory: pytest.TempPathFactory, rank_pool: RankPool) -> dict[str, dict]:
     folder = tmp_path_factory.mktemp("on_policy")
     out = folder / "on_policy.pt"
-    mp.spawn(on_policy_rank, args=(str(folder / "rendezvous"), str(out)), nprocs=1, join=True)
+    rank_pool.run(on_policy_rank, 1, str(folder / "rendezvous"), str(out))
     return torch.load(out, weights_only=False)
 
 

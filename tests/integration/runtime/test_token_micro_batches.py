@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.engines.micro_batches import cut_by_tokens
 from kuberl.runtime.updates import UpdateConfig, forward_input, update_policy
+from tests.integration.runtime.rank_pool import RankPool
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, OPTIM, layout, make_batch, sgd, tiny_model
 from tests.integration.runtime.test_micro_batches import counted
 
@@ -57,9 +57,11 @@ def train_rank(rank: int, rendezvous: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_token_budget_micro_batches_agree_across_ranks_and_change_nothing_but_the_passes(tmp_path: Path):
+def test_token_budget_micro_batches_agree_across_ranks_and_change_nothing_but_the_passes(
+    tmp_path: Path, rank_pool: RankPool
+):
     out = tmp_path / "budget.pt"
-    mp.spawn(train_rank, args=(str(tmp_path / "rendezvous"), str(out)), nprocs=WORLD, join=True)
+    rank_pool.run(train_rank, WORLD, str(tmp_path / "rendezvous"), str(out))
     ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(WORLD)]
     # what each rank alone would cut its second mini-batch into: one pass on rank 0, two on rank 1
     assert [len(cut_by_tokens(lengths, BUDGET)) for lengths in ([8, 8], [9, 9])] == [1, 2]
