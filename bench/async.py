@@ -253,6 +253,15 @@ def run_trl(engine: str, precision: str, threads: int, steps: int, folder: Path)
     return run
 
 
+def progress(round_index: int, run: Run, target: float) -> str:
+    """One run's line: its length and when it reached the target (the table gives medians; this, the spread)."""
+    reached = first_step_reaching([r["reward/mean"] for r in run.records], target)
+    to_target = "not reached" if reached is None else f"{run.ends[reached] - run.ends[0]:.1f} s ({reached + 1} steps)"
+    return (
+        f"round {round_index + 1} {run.name}: {run.seconds:.0f} s, to target {to_target}, load {os.getloadavg()[0]:.1f}"
+    )
+
+
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -390,11 +399,11 @@ def main() -> int:
         for engine, threads in trl_rows:
             run = run_trl(engine, args.trl_precision, threads, args.steps, round_folder)
             runs[run.name].append(run)
-            print(f"round {round_index + 1} {run.name}: {run.seconds:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+            print(progress(round_index, run, args.target), flush=True)
         for name in args.configs:
             run = run_kuberl(name, args.steps, args.kuberl_engine, args.kuberl_precision, round_folder)
             runs[name].append(run)
-            print(f"round {round_index + 1} {name}: {run.seconds:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+            print(progress(round_index, run, args.target), flush=True)
     print(f"kuberl rows: {args.kuberl_engine} engine, {args.kuberl_precision} training; load at end {os.getloadavg()}")
     print_tables({name: summarise(repeats, args.target) for name, repeats in runs.items()}, args.steps, args.target)
     png = folder / "reward_vs_time.png"
