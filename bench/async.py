@@ -89,8 +89,8 @@ CORES = {
 POOL_STAGES = ("rollout", "reward")
 TRAINER_STAGES = ("reference", "old_logprobs", "correction", "advantages", "update", "sync")
 #: TRL's OpenMP threads wait passively. With the default spin-wait, on this shared machine a descheduled thread
-#: holds up every parallel region: TRL at 2 threads took 6-13 s a step on the demo at load 7-15, 0.5-0.7 s with
-#: this (and at 1 thread). kuberl's workers run 1 thread each, where there is nothing to wait for.
+#: holds up every parallel region: TRL at 2 threads took a median 9.9 s a step on the demo at load 7-15, 0.53-0.67 s
+#: with this (bench/README.md). kuberl's workers run 1 thread each, where there is nothing to wait for.
 TRL_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 TRL_MISSING = (
     "bench/async.py: TRL's row needs trl 1.16.0, which is not installed: run\n"
