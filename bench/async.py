@@ -1,6 +1,6 @@
 """Time to the demo's reward: kuberl synchronous and asynchronous (spec.rollout.maxStaleness) against TRL's best.
 
-    .venv/bin/python bench/async.py                  # 30 steps per configuration, 1 round (~8 min here)
+    .venv/bin/python bench/async.py                  # 30 steps per configuration, 1 round (~10 min here)
     .venv/bin/python bench/async.py --steps 10       # a smoke run
     .venv/bin/python bench/async.py --repeats 3 --target 0.9
     .venv/bin/python bench/async.py --trl            # kuberl's rows only (no TRL installed)
