@@ -39,8 +39,9 @@ Adaptations (every departure from plain `GRPOTrainer(...).train()`), in `run_trl
    autocast with fp32 weights and optimiser (TRL's default `bf16=True`; kuberl `computeDtype:
    bfloat16`). Generation stays fp32 in both (see 4a). `gradient_checkpointing=False` (TRL's
    default is on; off in both), `use_cpu=True`.
-2. `lr_scheduler_type="constant"` (Trainer's default decays linearly to 0; kuberl's default is
-   constant), `use_bias_correction_kl=False` (TRL 1.x multiplies k3 by the importance ratio by
+2. kuberl's learning-rate schedule: constant after `warmup_steps` of lr x (step + 1) / (warmup + 1)
+   (`kuberl_warmup`; Trainer's default decays linearly to 0, and its constant_with_warmup starts the
+   first step at lr 0), `use_bias_correction_kl=False` (TRL 1.x multiplies k3 by the importance ratio by
    default; kuberl uses plain k3), `loss_type="grpo"` (= kuberl's seq_mean_token_mean), `beta` =
    kuberl's kl.coef, `scale_rewards="group"` (= normalizeAdvantageStd), `epsilon=0.2`,
    `num_iterations=1`, `vllm_importance_sampling_correction=False` (kuberl's
@@ -100,6 +101,7 @@ class Workload:
     max_new_tokens: int = 64
     micro_batch: int = 8  # sequences per forward/backward (training.microBatchSize / per_device_train_batch_size)
     lr: float = 3e-3  # the rate the demo used before it started from a pretrained model (speed, not learning)
+    warmup_steps: int = 0  # kuberl's optim.warmupSteps, and the same warm-up in TRL (adaptation 2)
     kl_coef: float = 0.001  # the grpo preset's (TRL: beta)
     steps: int = 6
     seed: int = 0
@@ -197,7 +199,13 @@ def kuberl_manifest(work: Workload, config: Config) -> dict[str, Any]:
                     "path": work.model_location,
                     "dtype": "float32",
                     "gradientCheckpointing": False,
-                    "optim": {"lr": work.lr, "weightDecay": 0.0, "schedule": "constant", "gradClip": 1.0},
+                    "optim": {
+                        "lr": work.lr,
+                        "warmupSteps": work.warmup_steps,
+                        "weightDecay": 0.0,
+                        "schedule": "constant",
+                        "gradClip": 1.0,
+                    },
                 }
             },
             "reward": {"function": "tiny_task"},
@@ -348,6 +356,15 @@ def trl_model_folder(work: Workload, directory: Path) -> Path:
     return directory
 
 
+def kuberl_warmup(warmup_steps: int) -> Any:
+    """kuberl's constant schedule as a LambdaLR factor (runtime/engines/fsdp.py): a linear warm-up from above 0."""
+
+    def factor(step: int) -> float:
+        return (step + 1) / (warmup_steps + 1) if step < warmup_steps else 1.0
+
+    return factor
+
+
 def tiny_task_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float | None]:
     """kuberl's built-in `tiny_task` reward in TRL's calling convention (the dataset's answer column)."""
     from kuberl.runtime.rewards.builtin import tiny_task
@@ -369,6 +386,16 @@ def run_trl_child(work: Workload, config: Config) -> ChildResult:
     from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
     from trl.extras import profiling
 
+    class KuberlScheduleGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+        """GRPOTrainer with kuberl's learning-rate schedule (adaptation 2)."""
+
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            if self.lr_scheduler is None:
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer or self.optimizer, kuberl_warmup(work.warmup_steps)
+                )
+            return self.lr_scheduler
+
     timings: dict[str, float] = {}
     real_log = profiling.ProfilingContext._log_metrics
 
@@ -387,15 +414,17 @@ def run_trl_child(work: Workload, config: Config) -> ChildResult:
             timings.clear()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            generate = sum(v for k, v in timings.items() if k.endswith("generate"))
+            def timed(name: str) -> float:  # TRL names its blocks after the trainer's class (ours subclasses it)
+                return sum(seconds for block, seconds in timings.items() if block.endswith(name))
+
             steps.append(
                 {
                     "start": marks["start"],
                     "end": time.perf_counter(),
                     "cpu": tree_cpu_seconds(),
-                    "generate": generate,
-                    "sync": timings.get("GRPOTrainer.sync_weights", 0.0),
-                    "prepare": timings.get("GRPOTrainer._prepare_inputs", 0.0),
+                    "generate": timed("generate"),
+                    "sync": timed(".sync_weights"),
+                    "prepare": timed("._prepare_inputs"),
                     **{f"stage/{key}": value for key, value in timings.items()},
                 }
             )
@@ -411,7 +440,6 @@ def run_trl_child(work: Workload, config: Config) -> ChildResult:
             max_steps=work.steps,
             seed=work.seed,
             learning_rate=work.lr,
-            lr_scheduler_type="constant",
             weight_decay=0.0,
             max_grad_norm=1.0,
             per_device_train_batch_size=work.micro_batch,
@@ -439,7 +467,7 @@ def run_trl_child(work: Workload, config: Config) -> ChildResult:
             save_strategy="no",
             disable_tqdm=True,
         )
-        trainer = GRPOTrainer(
+        trainer = KuberlScheduleGRPOTrainer(
             model=str(model_dir),
             reward_funcs=tiny_task_reward,
             args=args,
@@ -518,7 +546,8 @@ class TreeMemory:
         self._thread.join()
 
 
-def run_child(work: Workload, config: Config, log_dir: Path) -> ChildResult:
+def run_child(work: Workload, config: Config, log_dir: Path, env: dict[str, str] | None = None) -> ChildResult:
+    """Runs one configuration in a child process (with `env` added to this process's environment)."""
     out = log_dir / f"{config.label.replace(' ', '_')}-{time.monotonic_ns()}.json"
     log = out.with_suffix(".log")
     command = [
@@ -530,7 +559,9 @@ def run_child(work: Workload, config: Config, log_dir: Path) -> ChildResult:
         str(out),
     ]
     with log.open("w") as sink:
-        child = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO)
+        child = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
+        )
         with TreeMemory(child.pid) as memory:
             code = child.wait()
     if not out.exists():
