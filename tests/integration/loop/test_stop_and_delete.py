@@ -109,5 +109,8 @@ def test_a_spec_change_mid_run_continues_from_the_checkpoint_without_two_runtime
     # every pod and driver of the old RayJob had ended before the first of the new one started
     old, new = (loop.standin.lifetimes(loop.namespace, f"{name}-{index}") for index in (0, 1))
     assert {t.kind for t in old} == {t.kind for t in new} == {"pod", "driver"}
-    timeline = "\n".join(f"{t.kind} {t.name}: {t.started:.2f} .. {t.stopped}" for t in [*old, *new])
+    timeline = "\n".join(
+        f"{t.kind} {t.name}: {t.started:.2f} .. {'running' if t.stopped is None else f'{t.stopped:.2f}'}"
+        for t in [*old, *new]
+    )
     assert max(t.stopped or float("inf") for t in old) < min(t.started for t in new), timeline
