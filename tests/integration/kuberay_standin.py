@@ -40,6 +40,12 @@ would); no autoscaler (an elastic group starts `replicas` pods); no K8sJobMode s
 missing on this machine (/checkpoints, /etc/kuberl, ...) are created as empty folders, as a container runtime
 creates them in an image. Tests see and break the pods with `pods()` and `kill_pod()`; `close()` stops every
 process it started and checks that none is left (KUBERL_STANDIN_KEEP=1 keeps its folder of logs and volumes).
+
+It records when each pod and each Ray job's driver ran (`lifetimes()`), so a test can check that two runtimes never
+ran at once. A pod ran from its start until its last process ended (its PID namespace's first process ended, which
+the kernel lets happen only once every other process of the namespace is gone). A driver ran from just before its
+submission until the stand-in saw its Ray job end, or, if the RayJob was stopped or deleted first, until its head
+pod ended (a driver is a process of the head pod). Both bounds err outwards: a recorded lifetime holds the real one.
 """
 
 from __future__ import annotations
@@ -203,6 +209,31 @@ def held(source: Path | None, kept: dict[Path, Path]) -> Path | None:
 
 
 @dataclass
+class Lifetime:
+    """When one pod or one Ray job's driver of a RayJob ran, by this machine's monotonic clock (`time.monotonic()`);
+    `stopped` is None while it runs. See the module docstring for what the bounds mean."""
+
+    kind: str  # "pod" or "driver"
+    namespace: str
+    rayjob: str
+    name: str  # the pod's name, or the Ray job's submission id
+    started: float
+    ended: float | None = None  # when it was seen to end
+    host: Lifetime | None = None  # a driver's head pod: the driver ends with it at the latest
+
+    @property
+    def stopped(self) -> float | None:
+        """When it ended, None while it runs."""
+        bounds = [t for t in (self.ended, self.host.stopped if self.host else None) if t is not None]
+        return min(bounds, default=None)
+
+    def overlaps(self, other: Lifetime) -> bool:
+        """True when the two ran at some same moment (one still running overlaps all that came after its start)."""
+        end, other_end = self.stopped or math.inf, other.stopped or math.inf
+        return self.started < other_end and other.started < end
+
+
+@dataclass
 class Pod:
     """One pod: `unshare` (killing it kills the pod's PID namespace: --kill-child) around the pod's init."""
 
@@ -211,7 +242,18 @@ class Pod:
     process: subprocess.Popen[bytes]
     log: Path
     grace_seconds: float
+    lifetime: Lifetime
     terminating_since: float | None = None
+    ending: threading.Thread = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ending = threading.Thread(target=self._record_end, name=f"pod-{self.name}", daemon=True)
+        self.ending.start()
+
+    def _record_end(self) -> None:
+        """Wait for `unshare` to end and note when: it ends after the pod's init, so after every process of the pod."""
+        self.process.wait()
+        self.lifetime.ended = time.monotonic()
 
     def init_pid(self) -> int | None:
         """The pod's first process, as this machine sees it (PID 1 inside the pod)."""
@@ -222,7 +264,8 @@ class Pod:
         return int(children[0]) if children else None
 
     def running(self) -> bool:
-        return self.process.poll() is None
+        """Until its end is recorded: what the stand-in does after a pod ended (a finalizer let go) comes after that."""
+        return self.lifetime.ended is None
 
     def ready(self) -> bool:
         return self.running() and READY_LINE in self.log.read_text(errors="replace")
@@ -242,11 +285,18 @@ class Pod:
             self.kill()
 
     def kill(self) -> None:
-        """The pod's node is gone: every process of the pod ends at once."""
+        """The pod's node is gone: every process of the pod ends at once.
+
+        SIGKILL goes to the pod's init, whose end takes every other process of its PID namespace with it before
+        `unshare` returns; `unshare` itself only if it has no init (yet), or it did not end."""
+        pid = self.init_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self.ending.join(10)
         if self.running():
             self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(10)
+            self.ending.join(10)
 
 
 @dataclass
@@ -255,11 +305,13 @@ class Cluster:
 
     namespace: str
     name: str
+    rayjob: str  # the RayJob it was created for (KubeRay's ray.io/originated-from-cr-name label)
     gcs_port: int
     dashboard_port: int
     token: str | None
     pods: list[Pod] = field(default_factory=list)
     workers_started: bool = False
+    driver: Lifetime | None = None  # of the Ray job submitted to it
 
     @property
     def dashboard(self) -> str:
@@ -277,6 +329,7 @@ class KubeRayStandIn:
         # Not under /tmp: every pod gets a tmpfs there, and the pods' volumes must stay reachable to bind them.
         self.root = Path(tempfile.mkdtemp(prefix="kuberl-standin-", dir="/var/tmp"))
         self.clusters: dict[tuple[str, str], Cluster] = {}
+        self._lifetimes: list[Lifetime] = []
         self.problems: list[str] = []  # what could not be done (a pod that cannot start, a failed request)
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -306,6 +359,12 @@ class KubeRayStandIn:
             if rayjob is not None:
                 clusters = [c for c in clusters if c.name.startswith(f"{rayjob}-")]
             return [pod for cluster in clusters for pod in cluster.pods if pod.running()]
+
+    def lifetimes(self, namespace: str, rayjob: str | None = None) -> list[Lifetime]:
+        """When each pod and driver the namespace's RayJobs (one RayJob, when named) ever had ran, in start order."""
+        with self._lock:
+            found = [t for t in self._lifetimes if t.namespace == namespace and rayjob in (None, t.rayjob)]
+            return sorted(found, key=lambda t: t.started)
 
     def processes(self, namespace: str, rayjob: str | None = None) -> set[int]:
         """Every live process of the namespace's pods (of one RayJob's, when named)."""
@@ -500,6 +559,16 @@ class KubeRayStandIn:
                 "runtime_env": yaml.safe_load(spec.get("runtimeEnvYAML") or "") or {},
                 "metadata": spec.get("metadata") or {},
             }
+            if cluster.driver is None:  # from the first try: a submission that timed out may still have started it
+                cluster.driver = Lifetime(
+                    "driver",
+                    cluster.namespace,
+                    meta["name"],
+                    status["jobId"],
+                    time.monotonic(),
+                    host=cluster.pods[0].lifetime,
+                )
+                self._lifetimes.append(cluster.driver)
             code, answer = self._jobs_api(cluster, "POST", "/api/jobs/", body)
             if code != 200:
                 self._problem(f"submitting {meta['name']}: HTTP {code} {answer}")
@@ -516,6 +585,8 @@ class KubeRayStandIn:
             if ms
         }
         if job_status in TERMINAL_JOB_STATUSES:
+            if cluster.driver is not None and cluster.driver.ended is None:
+                cluster.driver.ended = time.monotonic()
             self._save_driver_log(cluster, meta["namespace"], meta["name"], status["jobId"])
             failed = job_status == "FAILED"
             changes.update(
@@ -595,6 +666,7 @@ class KubeRayStandIn:
             cluster = Cluster(
                 namespace=meta["namespace"],
                 name=meta["name"],
+                rayjob=(meta.get("labels") or {}).get(ORIGIN_NAME_LABEL, ""),
                 gcs_port=free_port(),
                 dashboard_port=free_port(),
                 token=self._ray_token(meta["namespace"], spec),
@@ -664,6 +736,7 @@ class KubeRayStandIn:
             ["set -eu", *holds, *[line for mount in mounts for line in mount.commands()], f"cd {IMAGE_HOME}"]
         )
         log_file = folder / "pod.log"
+        lifetime = Lifetime("pod", cluster.namespace, cluster.rayjob, name, started=time.monotonic())
         with log_file.open("wb") as output:
             process = subprocess.Popen(
                 [
@@ -686,7 +759,8 @@ class KubeRayStandIn:
                 start_new_session=True,
             )
         grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
-        return Pod(name=name, group=group, process=process, log=log_file, grace_seconds=grace)
+        self._lifetimes.append(lifetime)
+        return Pod(name=name, group=group, process=process, log=log_file, grace_seconds=grace, lifetime=lifetime)
 
     def _environment(self, cluster: Cluster, container: dict[str, Any], ports: dict[int, int]) -> dict[str, str]:
         """The image's ENV, the kubelet's, KubeRay's, then the container's own (envFrom, then env)."""

@@ -1,6 +1,11 @@
 """Stopping a running job on a "cluster" (tests/integration/kuberay_standin.py plays KubeRay and the pods): deleting
-the RLJob removes everything it made, and suspending it keeps the checkpoints the resumed run continues from."""
+the RLJob removes everything it made, suspending it keeps the checkpoints the resumed run continues from, and a spec
+change stops it and starts the next RayJob from its checkpoint, only once every pod of the old one is gone, so two
+runtimes never write to the job's folder at once. The stand-in records when each pod and driver ran
+(`KubeRayStandIn.lifetimes`, each bound erring outwards): that order is read from what happened, not inferred.
+"""
 
+import json
 import re
 import urllib.error
 
@@ -9,11 +14,12 @@ import pytest
 from kuberl.operator import names
 from tests.integration.envtest import wait_until
 from tests.integration.kuberay_standin import alive
-from tests.integration.loop.conftest import QUICK, Loop, committed_steps, short
+from tests.integration.loop.conftest import QUICK, STEPS, Loop, committed_steps, short
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-#: The demo's shape without its pretraining: every pod builds its own copy in a second, not in a minute.
+#: Long enough that a run cannot end on its own while a test stops or changes it (steps take 1-2 s here).
+ENDLESS = 1000
 
 
 def gone(loop: Loop, path: str) -> bool:
@@ -26,7 +32,7 @@ def gone(loop: Loop, path: str) -> bool:
 
 def test_deleting_the_rljob_mid_run_removes_its_rayjob_configmap_and_processes(loop: Loop):
     name = loop.create(
-        short("tiny-grpo-cluster.yaml", "tiny-grpo-deleted", **{"spec.training.totalSteps": 200, **QUICK})
+        short("tiny-grpo-cluster.yaml", "tiny-grpo-deleted", **{"spec.training.totalSteps": ENDLESS, **QUICK})
     )
     wait_until(
         lambda: ((loop.rljob(name).get("status") or {}).get("progress") or {}).get("step"),
@@ -70,3 +76,41 @@ def test_a_suspended_job_resumes_from_its_last_checkpoint(loop: Loop):
     log = loop.standin.driver_log(loop.namespace, f"{name}-1")
     resumed = re.search(r"resumed from the checkpoint of step (\d+)", log)
     assert resumed is not None and int(resumed.group(1)) == last > 0, loop.diagnosis(name)
+
+
+def test_a_spec_change_mid_run_continues_from_the_checkpoint_without_two_runtimes_at_once(loop: Loop):
+    name = loop.create(
+        short("tiny-grpo-cluster.yaml", "tiny-grpo-changed", **{"spec.training.totalSteps": ENDLESS, **QUICK})
+    )
+    folder = loop.job_folder(name)
+    wait_until(lambda: committed_steps(folder), timeout=300, interval=0.1, what="the first checkpoint")
+
+    # a total a checkpoint can follow (operator/specdiff.py): a restart, not a refusal; the running RayJob is
+    # stopped a step or two later, well before it could reach the new total
+    total = STEPS + 4
+    path = names.rljob_path(loop.namespace, name)
+    loop.cp.request(
+        "PATCH", path, {"spec": {"training": {"totalSteps": total}}}, content_type="application/merge-patch+json"
+    )
+    status = loop.wait_phase(name, "Succeeded", timeout=420)
+
+    assert status["restarts"] == 0, loop.diagnosis(name)  # the user's change is no failure
+    assert loop.rayjobs(name).keys() == {f"{name}-1"}, loop.diagnosis(name)
+    row = wait_until(
+        lambda: (row := loop.printed_row(name))["Step"] == total and row, timeout=30, what="the last step printed"
+    )
+    assert row["Total"] == total
+    # the new run continued the old one's steps from a checkpoint the old one committed
+    log = loop.standin.driver_log(loop.namespace, f"{name}-1")
+    resumed = re.search(r"resumed from the checkpoint of step (\d+)", log)
+    assert resumed is not None and 2 <= int(resumed.group(1)) < total, loop.diagnosis(name)
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records] == list(range(1, total + 1))
+    # every pod and driver of the old RayJob had ended before the first of the new one started
+    old, new = (loop.standin.lifetimes(loop.namespace, f"{name}-{index}") for index in (0, 1))
+    assert {t.kind for t in old} == {t.kind for t in new} == {"pod", "driver"}
+    timeline = "\n".join(
+        f"{t.kind} {t.name}: {t.started:.2f} .. {'running' if t.stopped is None else f'{t.stopped:.2f}'}"
+        for t in [*old, *new]
+    )
+    assert max(t.stopped or float("inf") for t in old) < min(t.started for t in new), timeline
