@@ -99,6 +99,12 @@ IMAGE_ENV = {
     "KUBERL_CACHE": f"{IMAGE_HOME}/.cache/kuberl",
 }
 IMAGE_FILES = {"/opt/kuberl/examples/data": REPO / "examples" / "data"}
+#: Every pod of every job runs on this one small machine beside the rest of the test session, so a raylet can
+#: stall for tens of seconds under load, which no cluster node does. Ray's GCS declares a node dead after 5 health
+#: checks of 10 s fail, and the job then restarts for a failure no cluster would have (an uninterrupted loop test
+#: ended with Restarts 1 at a load of 16 on 2 cores). The stand-in's nodes get about five times that margin.
+#: A killed pod is still seen at once: its connections drop, and the gloo peers and the driver fail on them.
+NODE_ENV = {"RAY_health_check_timeout_ms": "30000", "RAY_health_check_failure_threshold": "10"}
 #: What `ray start` prints once its node is up (the pod's readiness).
 READY_LINE = "Ray runtime started"
 TERMINAL_JOB_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -763,9 +769,10 @@ class KubeRayStandIn:
         return Pod(name=name, group=group, process=process, log=log_file, grace_seconds=grace, lifetime=lifetime)
 
     def _environment(self, cluster: Cluster, container: dict[str, Any], ports: dict[int, int]) -> dict[str, str]:
-        """The image's ENV, the kubelet's, KubeRay's, then the container's own (envFrom, then env)."""
+        """The image's ENV, the node's (NODE_ENV), the kubelet's, KubeRay's, then the container's own (envFrom, then
+        env)."""
         host, port = self.cp.server.removeprefix("https://").rsplit(":", 1)
-        env = {**IMAGE_ENV, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+        env = {**IMAGE_ENV, **NODE_ENV, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
         env.update(RAY_ADDRESS=f"127.0.0.1:{cluster.gcs_port}", RAY_CLUSTER_NAME=cluster.name)
         if cluster.token:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=cluster.token)
