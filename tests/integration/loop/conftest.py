@@ -9,7 +9,7 @@ create RLJobs from the examples and read what a user would read back.
 import re
 import secrets
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,33 +96,40 @@ class Loop:
         return {item["metadata"]["name"]: item for item in items["items"]}
 
     def wait_phase(self, name: str, phase: str, timeout: float) -> dict[str, Any]:
-        """The RLJob's status once it reaches `phase`; on a timeout, what the test saw on its way."""
-        try:
-            return dict(
-                wait_until(
-                    lambda: (self.rljob(name).get("status") or {}).get("phase") == phase and self.rljob(name)["status"],
-                    timeout=timeout,
-                    interval=0.5,
-                    what=f"RLJob {name} {phase}",
-                )
+        """The RLJob's status once it reaches `phase` (a failed test shows `diagnosis()` of every job)."""
+        return dict(
+            wait_until(
+                lambda: (self.rljob(name).get("status") or {}).get("phase") == phase and self.rljob(name)["status"],
+                timeout=timeout,
+                interval=0.5,
+                what=f"RLJob {name} {phase}",
             )
-        except TimeoutError as error:
-            raise AssertionError(f"{error}\n{self.diagnosis(name)}") from None
-
-    def diagnosis(self, name: str) -> str:
-        """The RLJob's status, its RayJobs' statuses, the operator's warnings, the stand-in's problems, driver logs
-        and pod logs."""
-        parts = [f"RLJob status: {yaml.safe_dump(self.rljob(name).get('status'))}"]
-        parts.append(
-            "operator warnings:\n" + "\n".join(record.getMessage()[:1500] for record in self.installation.logs[-20:])
         )
+
+    def diagnosis(self, name: str, *, shared: bool = True) -> str:
+        """The RLJob's status, its RayJobs' statuses and driver logs; with `shared`, what all jobs share too: the
+        operator's warnings, the stand-in's problems and pod logs."""
+        parts = [f"RLJob {name} status: {yaml.safe_dump(self.rljob(name).get('status'))}"]
         for rayjob, item in self.rayjobs(name).items():
             parts.append(f"RayJob {rayjob}: {item.get('status')}")
             parts.append(f"driver log of {rayjob}:\n{self.standin.driver_log(self.namespace, rayjob)[-6000:]}")
+        if shared:
+            parts.append(self.shared_diagnosis())
+        return "\n".join(parts)
+
+    def shared_diagnosis(self) -> str:
+        parts = [
+            "operator warnings:\n" + "\n".join(record.getMessage()[:1500] for record in self.installation.logs[-20:])
+        ]
         parts.append("stand-in problems:\n" + "\n".join(self.standin.problems[-20:]))
         for pod in self.standin.pods(self.namespace):
             parts.append(f"pod {pod.name}:\n{pod.log.read_text(errors='replace')[-2000:]}")
         return "\n".join(parts)
+
+    def diagnosis_of_every_job(self) -> str:
+        """`diagnosis()` of each RLJob of the namespace, and once what they share."""
+        jobs = [item["metadata"]["name"] for item in self.cp.request("GET", names.rljob_path(self.namespace))["items"]]
+        return "\n\n".join([*(self.diagnosis(job, shared=False) for job in jobs), self.shared_diagnosis()])
 
     def printed_row(self, name: str) -> dict[str, Any]:
         """`kubectl get rlj <name>`: the printer columns as the API server renders them, by column name."""
@@ -157,3 +164,18 @@ def loop(
             claim = yaml.safe_load(CLAIM.read_text())
             control_plane.request("POST", f"/api/v1/namespaces/{jobs_namespace}/persistentvolumeclaims", claim)
             yield Loop(control_plane, jobs_namespace, standin, installation)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A loop test that fails (in its fixtures too: some run the jobs) shows what every job and pod was doing."""
+    report = yield
+    loop = getattr(item, "funcargs", {}).get("loop")
+    if report.failed and isinstance(loop, Loop):
+        try:
+            report.sections.append(("what the loop's jobs were doing", loop.diagnosis_of_every_job()))
+        except Exception as error:  # noqa: BLE001 - the test's own failure is what counts
+            report.sections.append(("what the loop's jobs were doing", f"could not be read: {error!r}"))
+    return report
