@@ -105,6 +105,8 @@ IMAGE_FILES = {"/opt/kuberl/examples/data": REPO / "examples" / "data"}
 #: ended with Restarts 1 at a load of 16 on 2 cores). The stand-in's nodes get about five times that margin.
 #: A killed pod is still seen at once: its connections drop, and the gloo peers and the driver fail on them.
 NODE_ENV = {"RAY_health_check_timeout_ms": "30000", "RAY_health_check_failure_threshold": "10"}
+#: How often a pod whose start failed (it ended before it was ready) is started again.
+MAX_FAILED_STARTS = 3
 #: What `ray start` prints once its node is up (the pod's readiness).
 READY_LINE = "Ray runtime started"
 TERMINAL_JOB_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -318,6 +320,7 @@ class Cluster:
     pods: list[Pod] = field(default_factory=list)
     workers_started: bool = False
     driver: Lifetime | None = None  # of the Ray job submitted to it
+    failed_starts: dict[str, int] = field(default_factory=dict)  # by pod name: starts that ended before ready
 
     @property
     def dashboard(self) -> str:
@@ -688,6 +691,7 @@ class KubeRayStandIn:
                         pod = self._start_pod(cluster, group["groupName"], index, group["template"], group, head=False)
                         cluster.pods.append(pod)
                 cluster.workers_started = True
+            self._restart_failed_starts(cluster, spec)
         except PodStartError as error:
             self._problem(f"pod of RayCluster {meta['name']} cannot start: {error}")
             return
@@ -695,6 +699,30 @@ class KubeRayStandIn:
         if state and (raycluster.get("status") or {}).get("state") != state:
             path = self._path("rayclusters", meta["namespace"], meta["name"]) + "/status"
             self._merge(path, {"status": {"state": state}})
+
+    def _restart_failed_starts(self, cluster: Cluster, spec: dict[str, Any]) -> None:
+        """Start again a pod whose `ray start` ended before it was ready, as the kubelet restarts a failed container
+        (at most MAX_FAILED_STARTS times a pod). On this shared machine a port picked by free_port() can be taken
+        by another process before Ray binds it; without this, the cluster waited for the pod for ever. A pod that
+        was ready and ended (killed on purpose by a test) is left as it is."""
+        groups = {group["groupName"]: group for group in spec.get("workerGroupSpecs") or []}
+        for position, pod in enumerate(cluster.pods):
+            if pod.running() or READY_LINE in pod.log.read_text(errors="replace"):
+                continue
+            failures = cluster.failed_starts.get(pod.name, 0)
+            if failures >= MAX_FAILED_STARTS:
+                continue
+            cluster.failed_starts[pod.name] = failures + 1
+            tail = pod.log.read_text(errors="replace")[-800:]
+            self._problem(f"pod {pod.name} ended before it was ready, started again ({failures + 1}): {tail}")
+            if position == 0:
+                head = spec["headGroupSpec"]
+                cluster.pods[0] = self._start_pod(cluster, "head", 0, head["template"], head, head=True)
+            else:
+                group, index = groups[pod.group], int(pod.name.rsplit("-", 1)[1])
+                cluster.pods[position] = self._start_pod(
+                    cluster, pod.group, index, group["template"], group, head=False
+                )
 
     def _ray_token(self, namespace: str, spec: dict[str, Any]) -> str | None:
         """The Ray token KubeRay gives every container of a cluster with authOptions {mode: token}."""
