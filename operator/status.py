@@ -58,8 +58,9 @@ def rayjob_message(rayjob: dict[str, Any]) -> str:
     text = ": ".join(part for part in parts if part)
     if len(text) <= RAYJOB_MESSAGE_LIMIT:
         return text
-    head = text.split("\n", 1)[0][: RAYJOB_MESSAGE_LIMIT // 3]
-    return f"{head}\n[...]\n{text[len(text) - (RAYJOB_MESSAGE_LIMIT - len(head) - 7) :]}"
+    head, gap = text.split("\n", 1)[0][: RAYJOB_MESSAGE_LIMIT // 3], "\n[...]\n"
+    tail = text[len(text) - (RAYJOB_MESSAGE_LIMIT - len(head) - len(gap)) :]
+    return head + gap + tail
 
 
 def format_time(moment: datetime) -> str:
