@@ -275,8 +275,12 @@ class Pod:
         """Until its end is recorded: what the stand-in does after a pod ended (a finalizer let go) comes after that."""
         return self.lifetime.ended is None
 
+    def came_up(self) -> bool:
+        """`ray start` printed that its node is up (whether or not the pod still runs)."""
+        return READY_LINE in self.log.read_text(errors="replace")
+
     def ready(self) -> bool:
-        return self.running() and READY_LINE in self.log.read_text(errors="replace")
+        return self.running() and self.came_up()
 
     def processes(self) -> set[int]:
         return alive(descendants(self.process.pid)) if self.running() else set()
@@ -707,7 +711,7 @@ class KubeRayStandIn:
         was ready and ended (killed on purpose by a test) is left as it is."""
         groups = {group["groupName"]: group for group in spec.get("workerGroupSpecs") or []}
         for position, pod in enumerate(cluster.pods):
-            if pod.running() or READY_LINE in pod.log.read_text(errors="replace"):
+            if pod.running() or pod.came_up():
                 continue
             failures = cluster.failed_starts.get(pod.name, 0)
             if failures >= MAX_FAILED_STARTS:
