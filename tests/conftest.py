@@ -1,5 +1,6 @@
 """Shared fixtures. Integration fixtures (Ray, the API server) live beside the tests that use them."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,31 @@ def minimal_manifest() -> dict:
             "reward": {"function": "math_exact"},
         },
     }
+
+
+_envtest_build: "subprocess.Popen[bytes] | None" = None
+
+
+def _needs_api_server(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    return "control_plane" in getattr(item, "fixturenames", ()) or hasattr(module, "start_control_plane")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start building the API server's binaries as soon as a session is known to need them: on a fresh
+    machine the build takes minutes, and it runs beside the unit and runtime tests, which come first
+    (testpaths), instead of before the first operator test."""
+    global _envtest_build
+    if session.config.option.collectonly:
+        return
+    if any(_needs_api_server(item) for item in session.items):
+        from tests.integration.envtest import start_build_in_background
+
+        _envtest_build = start_build_in_background()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _envtest_build is not None:
+        from tests.integration.envtest import stop_background_build
+
+        stop_background_build(_envtest_build)
