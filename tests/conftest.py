@@ -1,9 +1,12 @@
 """Shared fixtures. Integration fixtures (Ray, the API server) live beside the tests that use them."""
 
-import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.integration.envtest import BackgroundBuild
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +26,7 @@ def minimal_manifest() -> dict:
     }
 
 
-_envtest_build: "subprocess.Popen[bytes] | None" = None
+_envtest_build: "BackgroundBuild | None" = None
 
 
 def _needs_api_server(item: pytest.Item) -> bool:
@@ -39,13 +42,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return
     if any(_needs_api_server(item) for item in session.items):
-        from tests.integration.envtest import start_build_in_background
+        from tests.integration.envtest import BackgroundBuild
 
-        _envtest_build = start_build_in_background()
+        _envtest_build = BackgroundBuild()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    failure = _envtest_build.failure() if _envtest_build is not None else None
+    if failure:
+        terminalreporter.write_sep("=", "the API server's background build failed", yellow=True)
+        terminalreporter.write_line(failure)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _envtest_build is not None:
-        from tests.integration.envtest import stop_background_build
-
-        stop_background_build(_envtest_build)
+        _envtest_build.stop()

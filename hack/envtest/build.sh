@@ -278,7 +278,9 @@ fi
   echo "etcd: $ETCD_ORIGIN"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(( $(date +%s) - START_TS ))s"
   for b in "${BINARIES[@]}"; do
-    echo "--- $b --version"; "${DIR}.tmp/bin/$b" --version 2>&1 | head -n 2
+    # sed, not head: head exits after two lines, and etcd, which prints four, then dies of SIGPIPE,
+    # which pipefail turns into a failed build (20 in 200 tries under load).
+    echo "--- $b --version"; "${DIR}.tmp/bin/$b" --version 2>&1 | sed -n 1,2p
   done
   ( cd "${DIR}.tmp/bin" && sha256sum "${BINARIES[@]}" )
 } > "${DIR}.tmp/BUILD-INFO.txt"

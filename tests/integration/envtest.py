@@ -57,36 +57,51 @@ AUDIT_POLICY = {
 }
 
 
-def start_build_in_background() -> subprocess.Popen[bytes]:
-    """Run build.sh at low priority in a process group of its own, so that on a fresh machine the
-    minutes of building overlap the tests that need no API server (pytest's testpaths run those first).
+class BackgroundBuild:
+    """build.sh at low priority in a process group of its own, so that on a fresh machine the minutes of
+    building overlap the tests that need no API server (pytest's testpaths run those first).
 
     With the binaries cached it ends in a tenth of a second. `envtest_binaries()` runs the script again
     in the foreground: build.sh's lock makes that call wait for this build instead of starting a second
-    one, and a failed build is retried there and reported with its output. Stop it with
-    `stop_background_build()`: the script's exit trap removes its work folder.
+    one, and a failed build is retried there and reported with its output. This build's own output goes
+    to `log`; `failure()` gives its tail when it failed, so a build that failed beside the tests and was
+    then rebuilt in the foreground does not go unexplained. `stop()` ends a build still running (the
+    script's exit trap removes its work folder) and removes the log.
     """
-    return subprocess.Popen(
-        ["nice", "-n", "10", "bash", str(BUILD_SCRIPT)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=tempfile.gettempdir(),
-        start_new_session=True,
-    )
 
+    def __init__(self) -> None:
+        descriptor, log = tempfile.mkstemp(prefix="kuberl-envtest-build-", suffix=".log")
+        os.close(descriptor)
+        self.log = Path(log)
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                ["nice", "-n", "10", "bash", str(BUILD_SCRIPT)],
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+                cwd=tempfile.gettempdir(),
+                start_new_session=True,
+            )
+        self.stopped = False
 
-def stop_background_build(build: subprocess.Popen[bytes]) -> None:
-    """End a build still running (a session that stopped early): SIGTERM to its group, SIGKILL if it lingers."""
-    if build.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(build.pid, signal.SIGTERM)
-    try:
-        build.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(build.pid, signal.SIGKILL)
-        build.wait()
+    def failure(self) -> str | None:
+        """The end of the build's output if it ended with an error (not stopped by `stop()`), else None."""
+        if self.stopped or self.process.poll() in (None, 0):
+            return None
+        tail = self.log.read_text(errors="replace")[-4000:]
+        return f"{BUILD_SCRIPT} in the background failed ({self.process.returncode}); the end of its output:\n{tail}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.stopped = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.unlink(missing_ok=True)
 
 
 def envtest_binaries() -> Path:
