@@ -706,9 +706,10 @@ class KubeRayStandIn:
 
     def _restart_failed_starts(self, cluster: Cluster, spec: dict[str, Any]) -> None:
         """Start again a pod whose `ray start` ended before it was ready, as the kubelet restarts a failed container
-        (at most MAX_FAILED_STARTS times a pod). On this shared machine a port picked by free_port() can be taken
-        by another process before Ray binds it; without this, the cluster waited for the pod for ever. A pod that
-        was ready and ended (killed on purpose by a test) is left as it is."""
+        (at most MAX_FAILED_STARTS times a pod; the kubelet has no limit). Seen on this shared machine at a load
+        of 15-20: `ray start` gives up when its node has not registered with the head's GCS within Ray's fixed 30 s
+        ("The current node timed out during startup"). Without this, the cluster waited for the pod for ever. A
+        pod that was ready and ended (killed on purpose by a test) is left as it is."""
         groups = {group["groupName"]: group for group in spec.get("workerGroupSpecs") or []}
         for position, pod in enumerate(cluster.pods):
             if pod.running() or pod.came_up():
