@@ -16,6 +16,7 @@ namespaces it is given, driven only through the real API server (tests/integrati
 - RayCluster: created controlled by its RayJob (blockOwnerDeletion: a foreground deletion of the RayJob waits
   for it) with the RayJob's labels and annotations. It carries the stand-in's finalizer
   `kuberl.io/standin-pods` until its pods have stopped, as the Pods of a real cluster hold up its deletion.
+  It is ready once every pod is and the head's GCS counts one alive node per pod (`_alive_nodes`).
 - kubelet: each pod (the head, and one per replica of each worker group) is `ray start --block` with its
   group's rayStartParams and the --num-cpus/--memory KubeRay derives from the container's resources, in a mount
   and PID namespace of its own (`unshare --mount --pid --fork --mount-proc`): private tmpfs on /tmp, /dev/shm
@@ -123,6 +124,16 @@ child=$!
 trap 'kill -TERM "$child" 2>/dev/null' TERM
 wait "$child" || true
 wait "$child" 2>/dev/null || true
+"""
+
+#: A `ray start` that ends once its node registered with the GCS (the pod's private /tmp keeps its output away
+#: from the pod's log, which therefore never shows READY_LINE): the stand-in sees a pod that ended before it was
+#: ready, while the GCS still counts its node alive until the node misses its health checks.
+FAIL_AFTER_REGISTERING = f"""
+"$@" > /tmp/ray-start.out 2>&1 &
+while kill -0 $! 2>/dev/null && ! grep -q '{READY_LINE}' /tmp/ray-start.out; do sleep 0.2; done
+echo "the node registered with the head's GCS; this start fails on purpose"
+exit 1
 """
 
 
@@ -337,8 +348,15 @@ class Cluster:
 class KubeRayStandIn:
     """Plays KubeRay and the kubelet for the RayJobs of `namespaces` (see the module docstring)."""
 
-    def __init__(self, cp: ControlPlane, namespaces: set[str]) -> None:
+    def __init__(
+        self, cp: ControlPlane, namespaces: set[str], *, fail_first_start: frozenset[str] = frozenset()
+    ) -> None:
+        """`fail_first_start`: worker groups whose pods' first `ray start` ends on purpose just after its node
+        registered with the head's GCS, before the pod is ready: what `ray start` does under load when the
+        registration took longer than its fixed 30 s (see `_restart_failed_starts`)."""
         self.cp, self.namespaces = cp, set(namespaces)
+        self.fail_first_start = fail_first_start
+        self._failed_on_purpose: set[str] = set()  # the pods whose first start did
         # Not under /tmp: every pod gets a tmpfs there, and the pods' volumes must stay reachable to bind them.
         self.root = Path(tempfile.mkdtemp(prefix="kuberl-standin-", dir="/var/tmp"))
         self.clusters: dict[tuple[str, str], Cluster] = {}
@@ -699,7 +717,7 @@ class KubeRayStandIn:
         except PodStartError as error:
             self._problem(f"pod of RayCluster {meta['name']} cannot start: {error}")
             return
-        state = "ready" if cluster.ready(expected) else ""
+        state = "ready" if cluster.ready(expected) and self._alive_nodes(cluster) == expected else ""
         if state and (raycluster.get("status") or {}).get("state") != state:
             path = self._path("rayclusters", meta["namespace"], meta["name"]) + "/status"
             self._merge(path, {"status": {"state": state}})
@@ -709,7 +727,8 @@ class KubeRayStandIn:
         (at most MAX_FAILED_STARTS times a pod; the kubelet has no limit). Seen on this shared machine at a load
         of 15-20: `ray start` gives up when its node has not registered with the head's GCS within Ray's fixed 30 s
         ("The current node timed out during startup"). Without this, the cluster waited for the pod for ever. A
-        pod that was ready and ended (killed on purpose by a test) is left as it is."""
+        pod that was ready and ended (killed on purpose by a test) is left as it is. The node of the ended start
+        can outlive it in the GCS: `_alive_nodes` holds the cluster's readiness until it is gone."""
         groups = {group["groupName"]: group for group in spec.get("workerGroupSpecs") or []}
         for position, pod in enumerate(cluster.pods):
             if pod.running() or pod.came_up():
@@ -728,6 +747,21 @@ class KubeRayStandIn:
                 cluster.pods[position] = self._start_pod(
                     cluster, pod.group, index, group["template"], group, head=False
                 )
+
+    def _alive_nodes(self, cluster: Cluster) -> int | None:
+        """How many nodes the head's GCS counts alive (None when it cannot say yet).
+
+        KubeRay calls a cluster ready from its pods alone. The stand-in also waits until the GCS counts exactly
+        one node per pod: a pod it started again after `ray start` gave up (`_restart_failed_starts`) can leave
+        the node of its first start alive in the GCS for ~30 s, until that node misses its health checks, with
+        the resources of the pod. A job placed on it fails with "health check failed due to missing too many
+        heartbeats" (tests/integration/loop/test_standin_restarts.py). No real node of a cluster this small hits
+        Ray's 30 s registration limit, so no real KubeRay needs this."""
+        code, answer = self._jobs_api(cluster, "GET", "/api/v0/nodes?detail=false&limit=1000")
+        if code != 200 or not isinstance(answer, dict):
+            return None
+        nodes = ((answer.get("data") or {}).get("result") or {}).get("result") or []
+        return sum(1 for node in nodes if node.get("state") == "ALIVE")
 
     def _ray_token(self, namespace: str, spec: dict[str, Any]) -> str | None:
         """The Ray token KubeRay gives every container of a cluster with authOptions {mode: token}."""
@@ -763,6 +797,9 @@ class KubeRayStandIn:
         env = self._environment(cluster, container, ports)
         mounts = self._mounts(cluster.namespace, pod_spec, container, folder)
         argv = self._ray_start(cluster, group_spec, container, head)
+        if not head and group in self.fail_first_start and name not in self._failed_on_purpose:
+            self._failed_on_purpose.add(name)
+            argv = ["bash", "-c", FAIL_AFTER_REGISTERING, "fail-after-registering", *argv]
         kept = self._image_under_private_mounts(folder)
         holds = [
             f"mkdir -p {shlex.quote(str(hold))} && mount --bind {shlex.quote(str(path))} {shlex.quote(str(hold))}"
