@@ -717,10 +717,10 @@ class KubeRayStandIn:
         except PodStartError as error:
             self._problem(f"pod of RayCluster {meta['name']} cannot start: {error}")
             return
-        state = "ready" if cluster.ready(expected) and self._alive_nodes(cluster) == expected else ""
-        if state and (raycluster.get("status") or {}).get("state") != state:
+        already = (raycluster.get("status") or {}).get("state") == "ready"
+        if not already and cluster.ready(expected) and self._alive_nodes(cluster) == expected:
             path = self._path("rayclusters", meta["namespace"], meta["name"]) + "/status"
-            self._merge(path, {"status": {"state": state}})
+            self._merge(path, {"status": {"state": "ready"}})
 
     def _restart_failed_starts(self, cluster: Cluster, spec: dict[str, Any]) -> None:
         """Start again a pod whose `ray start` ended before it was ready, as the kubelet restarts a failed container

@@ -76,17 +76,12 @@ def test_a_job_starts_only_once_the_node_of_a_pod_that_failed_its_start_is_gone(
     try:
         with KubeRayStandIn(control_plane, {namespace}, fail_first_start=frozenset({"actor"})) as standin:
             control_plane.request("POST", path, rayjob("restarted"))
-            status = wait_until(
-                lambda: (
-                    (s := control_plane.request("GET", f"{path}/restarted").get("status") or {}).get(
-                        "jobDeploymentStatus"
-                    )
-                    in ("Complete", "Failed")
-                    and s
-                ),
-                timeout=300,
-                what="the RayJob finished",
-            )
+
+            def finished() -> dict[str, object] | None:
+                status = control_plane.request("GET", f"{path}/restarted").get("status") or {}
+                return status if status.get("jobDeploymentStatus") in ("Complete", "Failed") else None
+
+            status = wait_until(finished, timeout=300, what="the RayJob finished")
             log = standin.driver_log(namespace, "restarted")
             assert any("ended before it was ready" in problem for problem in standin.problems), standin.problems
             assert status["jobStatus"] == "SUCCEEDED", f"{status}\n{log}"
