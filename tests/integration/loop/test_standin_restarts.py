@@ -12,13 +12,14 @@ import textwrap
 
 import pytest
 
+from kuberl.operator import names
 from tests.integration.envtest import ControlPlane, control_plane, wait_until  # noqa: F401
 from tests.integration.kuberay_standin import KubeRayStandIn
 
 pytestmark = [pytest.mark.integration]
 
-#: What the job checks once it runs: every node the GCS counts alive is one of the cluster's two pods, and an
-#: actor that needs the worker group's resource answers.
+#: What the job checks once it runs: every node the GCS counts alive is one of the cluster's two pods, and a
+#: task that needs the worker group's resource runs.
 ENTRYPOINT = textwrap.dedent(
     """
     import ray
@@ -72,13 +73,12 @@ def test_a_job_starts_only_once_the_node_of_a_pod_that_failed_its_start_is_gone(
     control_plane.request(
         "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
     )
-    path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs"
     try:
         with KubeRayStandIn(control_plane, {namespace}, fail_first_start=frozenset({"actor"})) as standin:
-            control_plane.request("POST", path, rayjob("restarted"))
+            control_plane.request("POST", names.rayjob_path(namespace), rayjob("restarted"))
 
             def finished() -> dict[str, object] | None:
-                status = control_plane.request("GET", f"{path}/restarted").get("status") or {}
+                status = control_plane.request("GET", names.rayjob_path(namespace, "restarted")).get("status") or {}
                 return status if status.get("jobDeploymentStatus") in ("Complete", "Failed") else None
 
             status = wait_until(finished, timeout=300, what="the RayJob finished")
