@@ -10,6 +10,13 @@ and its idle workers; starting and releasing workers, and giving up growing afte
 workers in a row failed to start. What a worker does, what it is handed and how a result is kept are the
 pool's own.
 
+Releasing a worker. A worker holding what its process's death would not free (a tensor-parallel vLLM
+engine's shared-memory queues in /dev/shm: `ray.kill` ends the process before anything unlinks them) gets a
+stop call first (`_stop_call`), and its actor is killed once that call ends, or after `STOP_TIMEOUT_S`.
+The stop is only asked of a worker with no call under way (one would hold the stop behind it); the others,
+and the workers of a pool without a stop call, are killed at once. The scheduler thread reaps the stopped
+ones, so a release never blocks it; `shutdown` waits for them.
+
 Each worker asks Ray for a unit of its pool's custom resource (`kuberl_reward`, `kuberl_rollout`) plus its
 CPUs and GPUs, as the job's topology says (api/topology.py): on Kubernetes a worker the cluster cannot
 place makes the KubeRay autoscaler add a pod of that pool, and a released one leaves its pod idle for
@@ -36,6 +43,9 @@ from kuberl.runtime.workers.group import call_outcome
 
 log = logging.getLogger(__name__)
 
+#: How long a released worker's stop call may take before its actor is killed regardless.
+STOP_TIMEOUT_S = 30.0
+
 
 @dataclass
 class PoolWorker:
@@ -56,6 +66,16 @@ class PendingCall:
     waits: list[float] = field(default_factory=list)  # seconds each of its pieces waited in the queue
 
 
+@dataclass
+class _Stopping:
+    """A released worker whose stop call is under way: killed once it ends, or at `kill_at`."""
+
+    number: int
+    actor: Any
+    call: Any
+    kill_at: float
+
+
 W = TypeVar("W", bound=PoolWorker)
 
 
@@ -64,8 +84,9 @@ class ElasticPool(Generic[W]):
 
     A pool defines: `_launch` (start an actor and its setup), `_setup_call`, `_is_ready`, `_mark_ready`,
     `_calls_of` (the calls under way), `_settle`, `_schedule`, `_queue_state` and `_idle`; `_is_starting`
-    when more than the workers still setting up cannot take work yet. Callers' requests wait in `_waiting`
-    (`_await`), their pieces in `_queue`.
+    when more than the workers still setting up cannot take work yet; `_stop_call` when killing a worker
+    is not enough to free what it holds. Callers' requests wait in `_waiting` (`_await`), their pieces in
+    `_queue`.
     The subclass's __init__ ends with `_start(first)`. Everything but __init__ runs under `_lock`.
     """
 
@@ -80,6 +101,7 @@ class ElasticPool(Generic[W]):
         self._changed = threading.Condition(self._lock)  # notified after every tick of the scheduler
         self._stop = threading.Event()
         self._workers: dict[int, W] = {}
+        self._stopping: list[_Stopping] = []  # released workers finishing their stop call
         self._numbered = 0
         self._started_at = time.monotonic()
         self._events: list[ScaleEvent] = []
@@ -127,6 +149,11 @@ class ElasticPool(Generic[W]):
         """Asked for but not able to take work yet (what a growing pool need not ask for again)."""
         return not self._is_ready(worker)
 
+    def _stop_call(self, worker: W) -> Any | None:
+        """The call that makes a released worker free what its killed process would leave behind; None: a
+        kill is enough."""
+        return None
+
     # -- shared --------------------------------------------------------------------------------------
     @property
     def size(self) -> int:
@@ -140,14 +167,20 @@ class ElasticPool(Generic[W]):
             return list(self._events)
 
     def shutdown(self) -> None:
-        """Stops the scheduler and kills every worker; pending calls fail. Safe to call twice."""
+        """Stops the scheduler, then every worker (their stop calls, within STOP_TIMEOUT_S, then their
+        actors); pending calls fail. Safe to call twice."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
         with self._lock:
-            self._release_all()
             self._broken = self._broken or self.error_type(f"the {self.bounds.pool} pool was shut down")
             self._fail_waiting(self._broken)
+            self._release_all()
+            stopping, self._stopping = self._stopping, []
+        if stopping:
+            ray.wait([s.call for s in stopping], num_returns=len(stopping), timeout=STOP_TIMEOUT_S)
+        for worker in stopping:
+            self._kill(worker.number, worker.actor)
 
     def metrics(self) -> dict[str, float]:
         """`<pool>/pool_size` now (telemetry's REWARD_POOL_SIZE, ROLLOUT_POOL_SIZE) and at its largest during
@@ -216,11 +249,31 @@ class ElasticPool(Generic[W]):
         return worker
 
     def _release(self, worker: W) -> None:
+        """No longer the pool's: stopped, then killed, when it has no call under way; killed at once otherwise."""
         self._workers.pop(worker.number, None)
+        call = self._stop_call(worker) if not self._calls_of(worker) else None
+        if call is None:
+            self._kill(worker.number, worker.actor)
+        else:
+            self._stopping.append(_Stopping(worker.number, worker.actor, call, time.monotonic() + STOP_TIMEOUT_S))
+
+    def _kill(self, number: int, actor: Any) -> None:
         try:
-            ray.kill(worker.actor)
+            ray.kill(actor)
         except Exception as error:  # an actor that is already gone cannot be killed again
-            log.debug("%s %d was already gone: %s", self.noun, worker.number, error)
+            log.debug("%s %d was already gone: %s", self.noun, number, error)
+
+    def _reap(self, now: float) -> None:
+        """Kills the released workers whose stop call ended (or failed), or ran past STOP_TIMEOUT_S."""
+        if not self._stopping:
+            return
+        ended, _ = ray.wait([s.call for s in self._stopping], num_returns=len(self._stopping), timeout=0)
+        for worker in list(self._stopping):
+            if worker.call in ended or now >= worker.kill_at:
+                if worker.call not in ended:
+                    log.warning("%s %d did not stop within %g s: killed", self.noun, worker.number, STOP_TIMEOUT_S)
+                self._stopping.remove(worker)
+                self._kill(worker.number, worker.actor)
 
     def _release_all(self) -> None:
         for worker in list(self._workers.values()):
@@ -279,6 +332,7 @@ class ElasticPool(Generic[W]):
                     self._settle(worker, ref, value, error, now)
             self._schedule(now)
             self._rescale(now)
+            self._reap(now)
             self._changed.notify_all()
 
     def _rescale(self, now: float) -> None:

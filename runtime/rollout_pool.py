@@ -32,7 +32,9 @@ with the reason. Replicas below minReplicas (a death) are replaced at once.
 Starting, releasing and scaling the replicas is shared with the reward pool (elastic_pool.py): each
 replica asks Ray for a unit of `kuberl_rollout` plus its CPUs and GPUs (api/topology.py `rollout_group`),
 so on Kubernetes a replica the cluster cannot place makes the KubeRay autoscaler add a rollout pod, and a
-released one leaves its pod idle for the autoscaler to remove.
+released one leaves its pod idle for the autoscaler to remove. A replica released while idle shuts its
+engine down before its actor is killed (`RolloutWorker.shutdown`): a tensor-parallel vLLM engine's
+shared-memory queues would otherwise stay in the pod's /dev/shm, a few hundred MB per replica.
 """
 
 import logging
@@ -225,6 +227,10 @@ class RolloutPool(ElasticPool[_Replica]):
 
     def _is_starting(self, replica: _Replica) -> bool:
         return replica.version != self.version  # setting up, or loading the pool's weights to join
+
+    def _stop_call(self, replica: _Replica) -> Any:
+        # the engine's teardown: a tensor-parallel vLLM engine unlinks its shared-memory queues
+        return replica.actor.shutdown.remote()
 
     def _settle(self, replica: _Replica, ref: Any, value: Any, error: BaseException | None, now: float) -> None:
         """Takes in the finished call of `replica`: its setup, a weight load or a chunk."""

@@ -21,6 +21,7 @@ import torch
 
 from kuberl.api.resources import RoleResources
 from kuberl.api.topology import rollout_group
+from kuberl.runtime import elastic_pool
 from kuberl.runtime.autoscale import ScalePolicy
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.engines.base import SamplingParams
@@ -29,7 +30,14 @@ from kuberl.runtime.rollout_pool import ChunkResult, ChunkWork, RolloutPool
 from kuberl.runtime.telemetry import ROLLOUT_POOL_SIZE
 from kuberl.runtime.workers import launch
 from kuberl.runtime.workers.rollout_worker import put_weight_buckets
-from tests.integration.runtime.blocking_rollout import BLOCKED_REPLICA, BlockingFirstReplica
+from tests.integration.runtime.blocking_rollout import (
+    BLOCKED_REPLICA,
+    STOP_LOG,
+    BlockingFirstReplica,
+    HangingStopReplica,
+    StopLog,
+    StopRecordingReplica,
+)
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 from tests.integration.runtime.test_async_rollout_runs import TrainedSteps, async_job
 
@@ -96,15 +104,21 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
 
 
 def test_the_pool_grows_under_a_queue_and_shrinks_when_idle_within_its_bounds(job_manifest, model, reference):
-    pool = start_pool(job_manifest, model, 1, 3)
+    stop_log = StopLog.options(name=STOP_LOG).remote()
+    pool = start_pool(job_manifest, model, 1, 3, worker_cls=StopRecordingReplica)
     try:
         work = chunks(pool.chunks)  # three chunks queued for one replica
         results = pool.generate(work)
         grown = pool.metrics()
         wait_until(lambda: pool.size == 1, "the idle replicas to be released")
         events = pool.scale_events
+        kept = set(pool.replicas())
+        wait_until(lambda: len(ray.get(stop_log.stopped.remote())) == 2, "the released replicas to stop")
+        released = ray.get(stop_log.stopped.remote())
     finally:
         pool.shutdown()
+    stopped = ray.get(stop_log.stopped.remote())
+    ray.kill(stop_log)
 
     assert pool.chunks == 3  # maxReplicas: a step's prompts are cut into as many chunks as replicas may run them
     assert grown["rollout/pool_size_peak"] == 3 and grown["rollout/scale_ups"] >= 1
@@ -112,6 +126,22 @@ def test_the_pool_grows_under_a_queue_and_shrinks_when_idle_within_its_bounds(jo
     assert events[-1].after == 1  # released down to minReplicas once idle, not below
     assert all(1 <= event.after <= 3 for event in events)
     assert tokens(results) == tokens(reference.generate(work))  # every chunk once, as one replica makes it
+    # a released replica shut its engine down before its actor was killed (a split vLLM engine's shared
+    # memory: test_tensor_parallel), and so did the last one when the pool shut down
+    assert len(kept) == 1 and set(released) == {1, 2, 3} - kept
+    assert sorted(stopped) == [1, 2, 3]
+
+
+def test_a_replica_whose_stop_hangs_is_killed_after_the_stop_timeout(job_manifest, model, ray_session, monkeypatch):
+    monkeypatch.setattr(elastic_pool, "STOP_TIMEOUT_S", 1.0)
+    pool = start_pool(job_manifest, model, 1, 1, worker_cls=HangingStopReplica)
+    (replica,) = pool.replicas().values()
+    started = time.monotonic()
+    pool.shutdown()
+    waited = time.monotonic() - started
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(replica.__ray_ready__.remote(), timeout=WAIT_S)
+    assert 1.0 <= waited < WAIT_S  # it waited for the stop, then killed the replica anyway
 
 
 def test_a_replica_killed_mid_generation_loses_no_chunk_and_its_replacement_holds_the_new_weights(

@@ -7,6 +7,7 @@ counting model's, perturbed: a split engine that kept its old weights in one sha
 differently from the unsplit one after the sync, or not change its answers at all.
 """
 
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,33 @@ def separate_rollout_manifest(model_dir: Path, tensor_parallel: int) -> dict:
     job = manifest(model_dir, 0.0, placement="separate", tensorParallelSize=tensor_parallel)
     job["spec"]["resources"] = {"rollout": {"replicas": 1, "cpus": 2}}  # a core per shard
     return job
+
+
+def shared_memory_segments() -> set[str]:
+    """Python's shared-memory segments (vLLM's shm_broadcast queues among them) on this machine."""
+    return {path.name for path in Path("/dev/shm").glob("psm_*")}
+
+
+def mapped_by_a_process(segment: str) -> bool:
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            if f"/dev/shm/{segment}" in maps.read_text():
+                return True
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
+    return False
+
+
+def leaked_segments(before: set[str], wait_s: float = 10.0) -> set[str]:
+    """Segments made since `before` that outlived every process that mapped them. A segment still mapped
+    may be on its way out with its process (a killed actor's), so it is watched for `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        made = shared_memory_segments() - before
+        leaked = {segment for segment in made if not mapped_by_a_process(segment)}
+        if leaked or not made or time.monotonic() > deadline:
+            return leaked
+        time.sleep(0.2)
 
 
 def attention_heads_per_shard(worker: RolloutWorker) -> list[int]:
@@ -98,8 +126,12 @@ def test_a_separate_grpo_job_with_a_two_way_split_engine_trains_and_its_engine_m
             "checkpoint.exportHf": False,
         }
     )
+    before = shared_memory_segments()
     run = run_job(job, tmp_path, demo_base_dir(), progress=False)
     assert [record["step"] for record in run.history] == [1, 2]
     for record in run.history:
         assert record["sync/max_logprob_diff"] <= TOLERANCE  # the probe after each sync, in the split engine
         assert record["rollout/logprob_diff_max"] <= TOLERANCE  # every sampled token against the trainer
+    # the split engine's queues (a few hundred MB of /dev/shm) went with the job: the replica was stopped,
+    # not only killed
+    assert not leaked_segments(before)
