@@ -112,7 +112,6 @@ def test_the_pool_grows_under_a_queue_and_shrinks_when_idle_within_its_bounds(jo
         grown = pool.metrics()
         wait_until(lambda: pool.size == 1, "the idle replicas to be released")
         events = pool.scale_events
-        kept = set(pool.replicas())
         wait_until(lambda: len(ray.get(stop_log.stopped.remote())) == 2, "the released replicas to stop")
         released = ray.get(stop_log.stopped.remote())
     finally:
@@ -128,8 +127,8 @@ def test_the_pool_grows_under_a_queue_and_shrinks_when_idle_within_its_bounds(jo
     assert tokens(results) == tokens(reference.generate(work))  # every chunk once, as one replica makes it
     # a released replica shut its engine down before its actor was killed (a split vLLM engine's shared
     # memory: test_tensor_parallel), and so did the last one when the pool shut down
-    assert len(kept) == 1 and set(released) == {1, 2, 3} - kept
-    assert sorted(stopped) == [1, 2, 3]
+    assert len(set(released)) == 2
+    assert set(released) < set(stopped) and len(set(stopped)) == len(stopped) == 3
 
 
 def test_a_replica_whose_stop_hangs_is_killed_after_the_stop_timeout(job_manifest, model, ray_session, monkeypatch):
