@@ -116,8 +116,8 @@ def test_the_pool_grows_under_a_queue_and_shrinks_when_idle_within_its_bounds(jo
         released = ray.get(stop_log.stopped.remote())
     finally:
         pool.shutdown()
-    stopped = ray.get(stop_log.stopped.remote())
-    ray.kill(stop_log)
+        stopped = ray.get(stop_log.stopped.remote())
+        ray.kill(stop_log)  # a named actor: left alive, it would make the next run's StopLog fail to start
 
     assert pool.chunks == 3  # maxReplicas: a step's prompts are cut into as many chunks as replicas may run them
     assert grown["rollout/pool_size_peak"] == 3 and grown["rollout/scale_ups"] >= 1
