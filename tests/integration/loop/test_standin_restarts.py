@@ -83,7 +83,10 @@ def test_a_job_starts_only_once_the_node_of_a_pod_that_failed_its_start_is_gone(
 
             status = wait_until(finished, timeout=300, what="the RayJob finished")
             log = standin.driver_log(namespace, "restarted")
-            assert any("ended before it was ready" in problem for problem in standin.problems), standin.problems
+            failed = [problem for problem in standin.problems if "this start fails on purpose" in problem]
+            assert failed and "ended before it was ready" in failed[0], standin.problems
+            # what its raylet logged on the pod's private /tmp, which went with the pod, to tell why a start failed
+            assert "the last lines of the pod's /tmp/ray/session_latest/logs/raylet.out" in failed[0], failed[0]
             assert status["jobStatus"] == "SUCCEEDED", f"{status}\n{log}"
             assert "alive nodes: 2" in log, log
     finally:
