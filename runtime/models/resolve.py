@@ -14,6 +14,10 @@ one node that resolve the same model at once (the ranks of one pod, or a trainer
 engine), one builds or downloads it and the others wait for it and use its copy, instead of each
 fetching the model again. The kernel drops the lock with the process that held it, so a worker
 killed mid-download leaves no stale lock behind.
+
+The tiny models' builder (torch, transformers: seconds of imports) is imported only for a tiny:// location,
+so what imports this module for `ModelLocation` alone (a reward worker scoring with a function, the
+driver) starts without it.
 """
 
 import fcntl
@@ -31,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from kuberl.api.contract import CACHE_ENV
-from kuberl.runtime.models.tiny import BUILDER_VERSION, TINY_MODELS, build_tiny_model
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,8 @@ def default_cache_dir() -> Path:
 
 def tiny_model_dir(name: str, cache_dir: Path) -> Path:
     """Where tiny://NAME is cached: keyed by the builder version and the model's shape, so a change rebuilds."""
+    from kuberl.runtime.models.tiny import BUILDER_VERSION, TINY_MODELS
+
     key = hashlib.sha256(f"{BUILDER_VERSION}:{TINY_MODELS[name]!r}".encode()).hexdigest()[:12]
     return cache_dir / "tiny" / f"{name}-{key}"
 
@@ -128,12 +133,21 @@ def _node_lock(target: Path) -> Iterator[None]:
 
 
 def _resolve_tiny(name: str, cache_dir: Path, field: str) -> Path:
+    from kuberl.runtime.models.tiny import TINY_MODELS, build_tiny_model
+
     if name not in TINY_MODELS:
         raise ModelNotFoundError(
             f"{field}: unknown tiny model tiny://{name}; known: "
             + ", ".join(f"tiny://{known}" for known in sorted(TINY_MODELS))
         )
     return _materialise(tiny_model_dir(name, cache_dir), lambda staging: build_tiny_model(name, staging))
+
+
+def _check_tiny(name: str, cache_dir: Path, field: str) -> None:
+    from kuberl.runtime.models.tiny import TINY_MODELS
+
+    if name not in TINY_MODELS:
+        _resolve_tiny(name, cache_dir, field)  # raises, listing the known names
 
 
 def _resolve_local(path: str, field: str) -> Path:
@@ -229,9 +243,7 @@ def _resolve_object_store(uri: str, cache_dir: Path, field: str, patterns: tuple
 def check_model_location(path: str, cache_dir: Path, field: str) -> None:
     """What `resolve_model_path` would refuse, refused without building or downloading the model."""
     if path.startswith("tiny://"):
-        name = path.removeprefix("tiny://")
-        if name not in TINY_MODELS:
-            _resolve_tiny(name, cache_dir, field)  # raises, listing the known names
+        _check_tiny(path.removeprefix("tiny://"), cache_dir, field)
     elif path.startswith("hf://"):
         _check_hub(path.removeprefix("hf://"), cache_dir, field)
     elif path.startswith(("s3://", "gs://")):

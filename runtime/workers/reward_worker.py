@@ -15,7 +15,6 @@ from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.rewards.endpoint import RewardEndpointClient
 from kuberl.runtime.rewards.functions import RewardResult
 from kuberl.runtime.rewards.isolated import IsolatedRewardFunction
-from kuberl.runtime.workers.group import worker_device
 
 
 class RewardWorker:
@@ -35,6 +34,7 @@ class RewardWorker:
             self.function = IsolatedRewardFunction(spec.function, spec.sample_timeout_seconds)
         elif spec.model is not None:
             from kuberl.runtime.rewards.model import RewardModelScorer
+            from kuberl.runtime.workers.group import worker_device  # torch: only a reward model needs it
 
             assert model is not None
             # the GPU the pool's Ray actor was given (resources.reward.gpus), else the CPU

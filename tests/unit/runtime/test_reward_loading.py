@@ -138,7 +138,7 @@ def test_the_reward_model_loads_on_the_device_of_its_worker(
             built.update(path=path, dtype=dtype, device=device)
 
     monkeypatch.setattr("kuberl.runtime.rewards.model.RewardModelScorer", RecordingScorer)
-    monkeypatch.setattr(reward_worker, "worker_device", lambda: device)
+    monkeypatch.setattr(group, "worker_device", lambda: device)  # imported by the worker when it loads a model
     worker = reward_worker.RewardWorker()
     (tmp_path / "config.json").write_text("{}")  # a model folder as far as resolving goes; nothing loads it
     spec = RewardSpec.model_validate({"model": {"path": str(tmp_path), "dtype": "bfloat16"}})

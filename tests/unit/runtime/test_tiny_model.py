@@ -243,10 +243,10 @@ def test_a_concurrent_builder_that_finished_first_wins(tmp_path: Path, demo_dir:
 RESOLVING_WORKER = """
 import sys, time
 from pathlib import Path
-from kuberl.runtime.models import resolve
+from kuberl.runtime.models import resolve, tiny
 
 cache, builds, ready, go = (Path(arg) for arg in sys.argv[1:5])
-build = resolve.build_tiny_model
+build = tiny.build_tiny_model  # resolve imports it when it resolves a tiny:// model
 
 def counted_build(name, directory):
     with builds.open("a") as log:
@@ -254,7 +254,7 @@ def counted_build(name, directory):
     time.sleep(1.0)
     return build(name, directory)
 
-resolve.build_tiny_model = counted_build
+tiny.build_tiny_model = counted_build
 ready.touch()
 while not go.exists():
     time.sleep(0.01)
