@@ -15,7 +15,8 @@ engine's shared-memory queues in /dev/shm: `ray.kill` ends the process before an
 stop call first (`_stop_call`), and its actor is killed once that call ends, or after `STOP_TIMEOUT_S`.
 The stop is only asked of a worker with no call under way (one would hold the stop behind it); the others,
 and the workers of a pool without a stop call, are killed at once. The scheduler thread reaps the stopped
-ones, so a release never blocks it; `shutdown` waits for them.
+ones, so a release never blocks it; `shutdown` waits for them. Scale-down releases the workers still setting
+up before the idle ready ones, so the workers kept can take work at once.
 
 Each worker asks Ray for a unit of its pool's custom resource (`kuberl_reward`, `kuberl_rollout`) plus its
 CPUs and GPUs, as the job's topology says (api/topology.py): on Kubernetes a worker the cluster cannot
@@ -372,8 +373,12 @@ class ElasticPool(Generic[W]):
             for _ in range(target - current):
                 self._start_worker(now)
         else:
+            # Workers still setting up go first: the work they were asked for is gone, and a ready worker kept
+            # instead takes the next request at once (releasing the ready ones left a pool whose one worker
+            # was still starting, and the next step waited for it).
+            setting_up = [worker for worker in self._workers.values() if not self._is_ready(worker)]
             idle.sort(key=lambda worker: worker.idle_since)
-            for worker in idle[: current - target]:
+            for worker in (setting_up + idle)[: current - target]:
                 self._release(worker)
             reason = f"{current - target} idle for {self.policy.idle_release_s:g} s or more"
         event = ScaleEvent(now - self._started_at, current, len(self._workers), reason)

@@ -769,11 +769,13 @@ class KubeRayStandIn:
                 )
 
     def _start_workers_in_turn(self, cluster: Cluster, groups: dict[str, dict[str, Any]]) -> None:
-        """Start the cluster's next worker pods while fewer than PODS_STARTING_AT_ONCE pods are starting."""
+        """Start the cluster's next worker pods while fewer than PODS_STARTING_AT_ONCE pods are starting. A pod
+        that cannot start yet (PodStartError) stays next in line for the next pass."""
         while cluster.unstarted and self._starting() < PODS_STARTING_AT_ONCE:
-            name, index = cluster.unstarted.pop(0)
+            name, index = cluster.unstarted[0]
             group = groups[name]
             cluster.pods.append(self._start_pod(cluster, name, index, group["template"], group, head=False))
+            cluster.unstarted.pop(0)
 
     def _starting(self) -> int:
         """The pods of every cluster that run and whose `ray start` is not up yet."""

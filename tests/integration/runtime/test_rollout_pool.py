@@ -112,8 +112,7 @@ def test_the_pool_grows_under_a_queue_and_shrinks_when_idle_within_its_bounds(jo
         grown = pool.metrics()
         wait_until(lambda: pool.size == 1, "the idle replicas to be released")
         events = pool.scale_events
-        wait_until(lambda: len(ray.get(stop_log.stopped.remote())) == 2, "the released replicas to stop")
-        released = ray.get(stop_log.stopped.remote())
+        kept = pool.replicas()
     finally:
         pool.shutdown()
         stopped = ray.get(stop_log.stopped.remote())
@@ -125,10 +124,13 @@ def test_the_pool_grows_under_a_queue_and_shrinks_when_idle_within_its_bounds(jo
     assert events[-1].after == 1  # released down to minReplicas once idle, not below
     assert all(1 <= event.after <= 3 for event in events)
     assert tokens(results) == tokens(reference.generate(work))  # every chunk once, as one replica makes it
-    # a released replica shut its engine down before its actor was killed (a split vLLM engine's shared
-    # memory: test_tensor_parallel), and so did the last one when the pool shut down
-    assert len(set(released)) == 2
-    assert set(released) < set(stopped) and len(set(stopped)) == len(stopped) == 3
+    # The replica kept is a ready one, which can take the next request at once. A replica still starting is
+    # released first (busy CI runs had the pool keep one that was still starting and release the ready ones).
+    (kept_number,) = kept
+    # A released replica shuts its engine down before its actor is killed (a split vLLM engine's shared memory:
+    # test_tensor_parallel), the kept one too when the pool shuts down; each once. One released while it was
+    # still starting is killed at once, so how many stopped depends on how fast the replicas started.
+    assert kept_number in stopped and len(set(stopped)) == len(stopped) and set(stopped) <= {1, 2, 3}
 
 
 def test_a_replica_whose_stop_hangs_is_killed_after_the_stop_timeout(job_manifest, model, ray_session, monkeypatch):

@@ -39,8 +39,9 @@ def separate_rollout_manifest(model_dir: Path, tensor_parallel: int) -> dict:
 
 
 def shared_memory_segments() -> set[str]:
-    """Python's shared-memory segments (vLLM's shm_broadcast queues among them) on this machine."""
-    return {path.name for path in Path("/dev/shm").glob("psm_*")}
+    """Python's shared-memory segments (vLLM's shm_broadcast queues among them) and named semaphores
+    (multiprocessing's locks: vLLM's executor shares one with its shard processes) on this machine."""
+    return {path.name for pattern in ("psm_*", "sem.mp-*") for path in Path("/dev/shm").glob(pattern)}
 
 
 def mapped_by_a_process(segment: str) -> bool:
