@@ -284,6 +284,7 @@ class Pod:
     lifetime: Lifetime
     terminating_since: float | None = None
     ending: threading.Thread = field(init=False)
+    _came_up: bool = field(init=False, default=False)  # once READY_LINE is in the log it stays there
 
     def __post_init__(self) -> None:
         self.ending = threading.Thread(target=self._record_end, name=f"pod-{self.name}", daemon=True)
@@ -308,7 +309,8 @@ class Pod:
 
     def came_up(self) -> bool:
         """`ray start` printed that its node is up (whether or not the pod still runs)."""
-        return READY_LINE in self.log.read_text(errors="replace")
+        self._came_up = self._came_up or READY_LINE in self.log.read_text(errors="replace")
+        return self._came_up
 
     def ready(self) -> bool:
         return self.running() and self.came_up()
@@ -732,8 +734,9 @@ class KubeRayStandIn:
                 cluster.unstarted = [
                     (group["groupName"], index) for group in groups for index in range(int(group.get("replicas") or 0))
                 ]
-            self._restart_failed_starts(cluster, spec)
-            self._start_workers_in_turn(cluster, {group["groupName"]: group for group in groups})
+            by_name = {group["groupName"]: group for group in groups}
+            self._restart_failed_starts(cluster, spec["headGroupSpec"], by_name)
+            self._start_workers_in_turn(cluster, by_name)
         except PodStartError as error:
             self._problem(f"pod of RayCluster {meta['name']} cannot start: {error}")
             return
@@ -742,14 +745,13 @@ class KubeRayStandIn:
             path = self._path("rayclusters", meta["namespace"], meta["name"]) + "/status"
             self._merge(path, {"status": {"state": "ready"}})
 
-    def _restart_failed_starts(self, cluster: Cluster, spec: dict[str, Any]) -> None:
+    def _restart_failed_starts(self, cluster: Cluster, head: dict[str, Any], groups: dict[str, dict[str, Any]]) -> None:
         """Start again a pod whose `ray start` ended before it was ready, as the kubelet restarts a failed container
         (at most MAX_FAILED_STARTS times a pod; the kubelet has no limit). Seen on this shared machine at a load
         of 15-20: `ray start` gives up when its node has not registered with the head's GCS within Ray's fixed 30 s
         ("The current node timed out during startup"). Without this, the cluster waited for the pod for ever. A
         pod that was ready and ended (killed on purpose by a test) is left as it is. The node of the ended start
         can outlive it in the GCS: `_alive_nodes` holds the cluster's readiness until it is gone."""
-        groups = {group["groupName"]: group for group in spec.get("workerGroupSpecs") or []}
         for position, pod in enumerate(cluster.pods):
             if pod.running() or pod.came_up():
                 continue
@@ -760,7 +762,6 @@ class KubeRayStandIn:
             tail = pod.log.read_text(errors="replace")[-4000:]  # with the raylet's last lines (POD_INIT)
             self._problem(f"pod {pod.name} ended before it was ready, started again ({failures + 1}): {tail}")
             if position == 0:
-                head = spec["headGroupSpec"]
                 cluster.pods[0] = self._start_pod(cluster, "head", 0, head["template"], head, head=True)
             else:
                 group, index = groups[pod.group], int(pod.name.rsplit("-", 1)[1])
