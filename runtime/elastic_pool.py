@@ -13,10 +13,13 @@ pool's own.
 Releasing a worker. A worker holding what its process's death would not free (a tensor-parallel vLLM
 engine's shared-memory queues in /dev/shm: `ray.kill` ends the process before anything unlinks them) gets a
 stop call first (`_stop_call`), and its actor is killed once that call ends, or after `STOP_TIMEOUT_S`.
-The stop is only asked of a worker with no call under way (one would hold the stop behind it); the others,
-and the workers of a pool without a stop call, are killed at once. The scheduler thread reaps the stopped
-ones, so a release never blocks it; `shutdown` waits for them. Scale-down releases the workers still setting
-up before the idle ready ones, so the workers kept can take work at once.
+The stop is asked of a worker with no call under way, and of one that scale-down releases while it is still
+setting up: such a pool's actors run one call at a time, so its stop runs once the setup ends (a vLLM engine
+killed halfway through its start leaves the queues it had made), and the kill waits until `STOP_TIMEOUT_S`
+past the end of its start timeout. The workers with another call under way (a chunk, at shutdown), and the
+workers of a pool without a stop call, are killed at once. The scheduler thread reaps the stopped ones, so a
+release never blocks it; `shutdown` waits for them, for `STOP_TIMEOUT_S` at most. Scale-down releases the
+workers still setting up before the idle ready ones, so the workers kept can take work at once.
 
 Each worker asks Ray for a unit of its pool's custom resource (`kuberl_reward`, `kuberl_rollout`) plus its
 CPUs and GPUs, as the job's topology says (api/topology.py): on Kubernetes a worker the cluster cannot
@@ -152,7 +155,8 @@ class ElasticPool(Generic[W]):
 
     def _stop_call(self, worker: W) -> Any | None:
         """The call that makes a released worker free what its killed process would leave behind; None: a
-        kill is enough."""
+        kill is enough. A pool with one runs its actors one call at a time (max_concurrency=1), so a stop
+        asked of a worker still setting up runs after its setup."""
         return None
 
     # -- shared --------------------------------------------------------------------------------------
@@ -249,14 +253,24 @@ class ElasticPool(Generic[W]):
         self._peak = max(self._peak, len(self._workers))
         return worker
 
-    def _release(self, worker: W) -> None:
-        """No longer the pool's: stopped, then killed, when it has no call under way; killed at once otherwise."""
+    def _release(self, worker: W, *, after_setup: bool = False) -> None:
+        """No longer the pool's: stopped, then killed, when it has no call under way, or when `after_setup` and
+        the call under way is its setup (the stop waits behind it, up to the end of its start timeout); killed
+        at once otherwise."""
         self._workers.pop(worker.number, None)
-        call = self._stop_call(worker) if not self._calls_of(worker) else None
+        now = time.monotonic()
+        kill_at = now + STOP_TIMEOUT_S
+        if not self._calls_of(worker):
+            call = self._stop_call(worker)
+        elif after_setup and not self._is_ready(worker):
+            call = self._stop_call(worker)
+            kill_at = max(kill_at, worker.started_at + self.policy.start_timeout_s + STOP_TIMEOUT_S)
+        else:
+            call = None
         if call is None:
             self._kill(worker.number, worker.actor)
         else:
-            self._stopping.append(_Stopping(worker.number, worker.actor, call, time.monotonic() + STOP_TIMEOUT_S))
+            self._stopping.append(_Stopping(worker.number, worker.actor, call, kill_at))
 
     def _kill(self, number: int, actor: Any) -> None:
         try:
@@ -272,7 +286,7 @@ class ElasticPool(Generic[W]):
         for worker in list(self._stopping):
             if worker.call in ended or now >= worker.kill_at:
                 if worker.call not in ended:
-                    log.warning("%s %d did not stop within %g s: killed", self.noun, worker.number, STOP_TIMEOUT_S)
+                    log.warning("%s %d did not stop in time: killed", self.noun, worker.number)
                 self._stopping.remove(worker)
                 self._kill(worker.number, worker.actor)
 
@@ -379,7 +393,7 @@ class ElasticPool(Generic[W]):
             setting_up = [worker for worker in self._workers.values() if not self._is_ready(worker)]
             idle.sort(key=lambda worker: worker.idle_since)
             for worker in (setting_up + idle)[: current - target]:
-                self._release(worker)
+                self._release(worker, after_setup=True)
             reason = f"{current - target} idle for {self.policy.idle_release_s:g} s or more"
         event = ScaleEvent(now - self._started_at, current, len(self._workers), reason)
         self._events.append(event)

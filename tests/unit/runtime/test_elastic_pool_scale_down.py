@@ -1,17 +1,20 @@
-"""Which workers an elastic pool releases when it shrinks: the scheduler's decision, run here without Ray.
+"""Which workers an elastic pool releases when it shrinks, and how: the scheduler's decisions, run here without Ray.
 
-`RecordingPool` is a FAKE pool for this: its workers are plain records with no actor, it has no queue, and its
-`_kill` records the worker instead of killing an actor. `_rescale` itself is ElasticPool's own."""
+`RecordingPool` is a FAKE pool for this: its workers are plain records with no actor, it has no queue, its
+`_kill` records the worker instead of killing an actor, and `StoppingPool`'s stop call is a string naming the
+worker (what the rollout pool's is: the engine's shutdown, asked of the actor). `_rescale`, `_release` and
+`_release_all` are ElasticPool's own."""
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from kuberl.api.resources import RoleResources
 from kuberl.api.topology import rollout_group
 from kuberl.runtime.autoscale import ScalePolicy
-from kuberl.runtime.elastic_pool import ElasticPool, PoolWorker
+from kuberl.runtime.elastic_pool import STOP_TIMEOUT_S, ElasticPool, PoolWorker
 
-NOW = 1000.0
+NOW = time.monotonic()  # the pool's clock: a release reads it for its stop's deadline
 
 
 @dataclass
@@ -44,8 +47,19 @@ class RecordingPool(ElasticPool[FakeWorker]):
         self.killed.append(number)
 
 
-def worker(number: int, idle_for: float, ready: bool = True) -> FakeWorker:
-    return FakeWorker(number, actor=None, started_at=NOW - 60, idle_since=NOW - idle_for, ready=ready)
+class StoppingPool(RecordingPool):
+    """FAKE, as RecordingPool, for a pool whose released workers get a stop call (the rollout pool's)."""
+
+    def _stop_call(self, worker: FakeWorker) -> Any:
+        return f"stop of {worker.number}"
+
+
+def worker(number: int, idle_for: float, ready: bool = True, started_ago: float = 60) -> FakeWorker:
+    return FakeWorker(number, actor=None, started_at=NOW - started_ago, idle_since=NOW - idle_for, ready=ready)
+
+
+def stopping(pool: RecordingPool) -> list[tuple[int, Any, float]]:
+    return [(s.number, s.call, s.kill_at) for s in pool._stopping]
 
 
 def test_a_shrinking_pool_releases_a_worker_still_setting_up_before_a_ready_one():
@@ -62,3 +76,31 @@ def test_a_worker_setting_up_is_kept_while_no_ready_worker_has_been_idle_long_en
     pool = RecordingPool([worker(1, idle_for=5), worker(2, idle_for=0, ready=False)])
     pool._rescale(NOW)
     assert pool.killed == [] and list(pool._workers) == [1, 2]
+
+
+def test_a_worker_released_while_setting_up_is_stopped_once_its_setup_ends_not_killed_halfway():
+    # a tensor-parallel vLLM replica killed halfway through its start leaves the shared-memory queues it made
+    pool = StoppingPool([worker(1, idle_for=50), worker(2, idle_for=0, ready=False, started_ago=20)])
+    pool._rescale(NOW)
+    assert list(pool._workers) == [1] and pool.killed == []
+    ((number, call, kill_at),) = stopping(pool)
+    assert (number, call) == (2, "stop of 2")
+    # the stop waits behind the setup, which may go on until its start timeout: the kill waits past that
+    assert kill_at == NOW - 20 + pool.policy.start_timeout_s + STOP_TIMEOUT_S
+
+
+def test_a_worker_whose_setup_ran_past_its_start_timeout_is_killed_at_once():
+    # never placed (no room, no pod) or stuck: a stop call behind its setup would never run
+    late = ScalePolicy().start_timeout_s + 1
+    pool = StoppingPool([worker(1, idle_for=0), worker(2, idle_for=0, ready=False, started_ago=late)])
+    pool._rescale(NOW)
+    assert pool.killed == [2] and stopping(pool) == [] and list(pool._workers) == [1]
+
+
+def test_at_shutdown_a_worker_still_setting_up_is_killed_at_once_and_an_idle_one_is_stopped():
+    # the job is ending: it must not wait for a start to finish
+    pool = StoppingPool([worker(1, idle_for=5), worker(2, idle_for=0, ready=False)])
+    pool._release_all()
+    assert pool.killed == [2]
+    assert [(number, call) for number, call, _ in stopping(pool)] == [(1, "stop of 1")]
+    assert pool._workers == {}
