@@ -25,7 +25,8 @@ from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.losses import PolicyLossConfig
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import FSDPTrainer
-from kuberl.runtime.updates import UpdateConfig, forward_input, update_policy
+from kuberl.runtime.engines.inputs import forward_input
+from kuberl.runtime.updates import UpdateConfig, update_policy
 
 PROMPT_WIDTH, VOCAB = 64, 8192
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import yaml
 
+from kuberl.runtime.telemetry import STAGES  # every stage of the loop, in order (sleep included)
+
 REPO = Path(__file__).resolve().parent.parent
-STAGES = ["rollout", "reward", "reference", "old_logprobs", "correction", "critic", "advantages", "update", "sync"]
 
 
 def job_manifest(args: argparse.Namespace) -> dict:

@@ -1,7 +1,11 @@
 """The single controller: one short loop over the role worker groups.
 
-    rollout -> reward [-> more rounds: dynamic sampling] -> reference / old log-probs -> correction
+    rollout -> reward [-> more rounds: dynamic sampling] -> sleep -> reference / old log-probs -> correction
     -> critic -> advantages -> update -> sync [-> validation]
+
+A colocated engine sleeps while the trainer's passes run (its device memory goes to them: the hybrid engine)
+and wakes in the sync, its weights before they are written and its KV cache after (`Engines.sleep`,
+`ModelWorker.sync_weights`).
 
 The loop never branches on an algorithm's name: the estimator, the loss and the KL estimator
 are looked up in registries, and a stage runs when the configuration asks for what it makes
@@ -181,13 +185,14 @@ class Controller:
         step, batch, metrics = generated.step, generated.batch, dict(generated.metrics)
         timed = StageTimes(dict(generated.timings))
         if batch is not None:  # dynamic sampling may find nothing worth training on
+            metrics.update(timed("sleep", self.engines.sleep))  # colocated: the engine's memory to the trainer
             timed("reference", self.reference_logprobs, batch)
             timed("old_logprobs", self.old_logprobs, batch)
             metrics.update(timed("correction", self.training_tokens, batch))
             timed("critic", self.critic_values, batch)
             timed("advantages", self.advantages, batch)
             metrics.update(timed("update", self.update, batch))
-            metrics.update(timed("sync", self.sync, batch, step + 1))
+            metrics.update(timed("sync", self.sync, batch, step + 1))  # wakes the engine: weights, then KV cache
             metrics.update(trained_batch_metrics(batch, engine_is_behaviour=self.spec.rollout.use_engine_logprobs))
         metrics.update(timed.seconds)
         metrics.update(self.data_metrics)

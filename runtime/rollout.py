@@ -80,6 +80,14 @@ class Engines:
             return replica.generate.remote(prompts, params, self.pool.version)
         return self.actor.workers[rank].generate.remote(prompts, params)
 
+    def sleep(self) -> dict[str, float]:
+        """Colocated: every actor rank's engine gives its device memory to the trainer until the sync wakes it
+        (ModelWorker.sleep_engine; nothing is freed off the GPU). A separate pool's engines never sleep."""
+        if self.pool is not None:
+            return {}
+        freed = [result["engine/sleep_freed_bytes"] for result in self.actor.call("sleep_engine")]
+        return {"engine/sleep_freed_bytes": sum(freed) / len(freed)}  # per rank, each on a GPU of its own
+
     def generate(self, work: list[ChunkWork]) -> list[tuple[list[list[Generation]], int]]:
         """Each shard's generations and the weight version that made them, in shard order."""
         if self.pool is not None:

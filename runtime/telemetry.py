@@ -50,7 +50,18 @@ ROLLOUT_VERSION = "async/rollout_version"
 REGENERATED = "async/regenerated"
 GENERATED_TOKENS_PER_SECOND = "async/generated_tokens_per_second"
 #: Stages of the controller's loop, in order; `time/<stage>` is each one's seconds in a step.
-STAGES = ("rollout", "reward", "reference", "old_logprobs", "correction", "critic", "advantages", "update", "sync")
+STAGES = (
+    "rollout",
+    "reward",
+    "sleep",
+    "reference",
+    "old_logprobs",
+    "correction",
+    "critic",
+    "advantages",
+    "update",
+    "sync",
+)
 #: Stages that run a model over the step's response tokens: their tokens per second are recorded.
 TOKEN_STAGES = ("rollout", "reference", "old_logprobs", "critic", "update")
 #: A stage that took less than this did not run (the controller skips what the configuration does not ask for).
@@ -126,6 +137,11 @@ EXPORTS: tuple[Export, ...] = (
     *_stage_exports(),
     Export("sync/seconds", "kuberl_weight_sync_seconds", "Seconds the latest weight sync into the engines took."),
     Export("sync/bytes", "kuberl_weight_sync_bytes", "Bytes the latest weight sync moved."),
+    Export(
+        "engine/sleep_freed_bytes",
+        "kuberl_engine_sleep_freed_bytes",
+        "Device memory a colocated engine freed for the trainer by sleeping in the latest step (per rank).",
+    ),
     Export(
         STALENESS_MAX,
         "kuberl_async_staleness_max",

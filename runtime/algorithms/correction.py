@@ -19,11 +19,13 @@ per-token veto; a rejected token stays in the loss's denominators (it contribute
 correction never changes the weight of another token and the loss stays invariant to sharding.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from kuberl.runtime.algorithms.devices import check_same_device
 from kuberl.runtime.algorithms.masked import masked_mean, masked_sum
 
 #: As verl's SAFETY_BOUND: exp(20) ~ 4.9e8 is the largest weight ever formed.
@@ -61,6 +63,9 @@ def rollout_correction(
     trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, config: CorrectionConfig
 ) -> Correction:
     """Importance weights pi_trainer / pi_engine of the sampled tokens, truncated and/or masked (see the module)."""
+    check_same_device(
+        "rollout_correction", trainer_logprobs=trainer_logprobs, engine_logprobs=engine_logprobs, mask=mask
+    )
     valid = mask.bool()  # (n, R)
     log_w = torch.where(valid, trainer_logprobs.detach().float() - engine_logprobs.float(), 0.0)  # (n, R)
     touched_rows = valid.any(-1)  # (n,) responses with a token
@@ -78,8 +83,8 @@ def rollout_correction(
     if config.rejection is not None:
         level_log_w = _level_log_weights(log_w, valid, config.rejection)  # (n, R)
         # compared in log space: a weight of e^30 is outside the bounds even though exp would clamp it to e^20
-        inside = (level_log_w >= torch.log(torch.tensor(config.rejection_low))) & (
-            level_log_w <= torch.log(torch.tensor(config.rejection_high))
+        inside = (level_log_w >= math.log(config.rejection_low)) & (
+            level_log_w <= math.log(config.rejection_high)
         )  # (n, R)
         keep = valid & inside  # (n, R)
         rejected = valid & ~inside  # (n, R)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from kuberl.runtime.algorithms.devices import check_same_device
 from kuberl.runtime.algorithms.registry import KL_ESTIMATORS
 
 KLFn = Callable[[Tensor, Tensor], Tensor]  # (logprobs (N, R), ref_logprobs (N, R)) -> kl (N, R)
@@ -42,4 +43,5 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
     """The per-token KL of the named estimator (`spec.algorithm.kl.estimator`); padding is the caller's to mask."""
+    check_same_device("kl_penalty", logprobs=logprobs, ref_logprobs=ref_logprobs)
     return KL_ESTIMATORS.get(estimator)(logprobs, ref_logprobs)  # (N, R)

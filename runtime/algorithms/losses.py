@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kuberl.runtime.algorithms.devices import check_same_device
 from kuberl.runtime.algorithms.masked import masked_mean
 from kuberl.runtime.algorithms.registry import LOSS_AGGREGATIONS, POLICY_LOSSES
 
@@ -91,14 +92,17 @@ def aggregate_loss(
     global_seqs: float | None = None,
     max_response_length: int | None = None,
 ) -> Tensor:
-    """One scalar from per-token losses (N, R); padding, whatever it holds, contributes nothing."""
+    """One scalar from per-token losses (N, R); padding, whatever it holds, contributes nothing.
+
+    The whole mini-batch's counts come as numbers (the update counts them on the host before its passes), so
+    dividing by them moves nothing between the host and the device.
+    """
+    check_same_device("aggregate_loss", token_loss=token_loss, mask=mask)
     valid = mask.bool()  # (N, R)
     loss = torch.where(valid, token_loss, 0.0)  # (N, R)
-    tokens = valid.sum() if global_tokens is None else torch.tensor(float(global_tokens))  # ()
-    seqs = valid.any(-1).sum() if global_seqs is None else torch.tensor(float(global_seqs))  # ()
     norm = LossNormalizers(
-        tokens=tokens.clamp(min=1).to(loss.device),
-        seqs=seqs.clamp(min=1).to(loss.device),
+        tokens=valid.sum().clamp(min=1) if global_tokens is None else max(float(global_tokens), 1.0),
+        seqs=valid.any(-1).sum().clamp(min=1) if global_seqs is None else max(float(global_seqs), 1.0),
         max_response_length=max_response_length,
     )
     return LOSS_AGGREGATIONS.get(mode)(loss, valid, norm)  # ()
@@ -114,6 +118,16 @@ class PolicyLossInputs:
     mask: Tensor  # (n, R) 1 on tokens that train, 0 on padding (and on tokens left out)
     is_weights: Tensor | None = None  # (n, R) rollout-correction importance weights (detached); None: all 1
     seed: int = 0  # seeds the draw of losses that pick tokens at random (clip_cov), so a run replays
+
+    def __post_init__(self) -> None:
+        check_same_device(
+            "policy loss",
+            logprobs=self.logprobs,
+            old_logprobs=self.old_logprobs,
+            advantages=self.advantages,
+            mask=self.mask,
+            is_weights=self.is_weights,
+        )
 
 
 @dataclass(frozen=True)
@@ -183,6 +197,7 @@ def value_loss(
     max_response_length: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """0.5 * max((v - R)^2, (clip(v, old - clip, old + clip) - R)^2); clip None gives 0.5 * (v - R)^2."""
+    check_same_device("value_loss", values=values, old_values=old_values, returns=returns, mask=mask)
     unclipped = (values - returns) ** 2  # (N, R)
     if clip is None:
         token_loss = unclipped  # (N, R)

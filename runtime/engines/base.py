@@ -3,11 +3,16 @@
 Two engines implement it: `hf` (Hugging Face model, our own sampling loop) and `vllm`. In
 colocated mode an engine lives in each actor worker process and receives the trainer's
 weights in place after every update (`load_weights`, tensor by tensor).
+
+A colocated engine sleeps while the trainer's passes run and wakes in the sync: its weights before they
+are written, its KV cache before it generates. Every engine keeps that order with a `SleepState`, on every
+device: on a GPU breaking it would write into freed memory or generate without a cache, and on the CPU,
+where sleeping frees nothing, it fails the same way, so the tests here hold the colocated step to it.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from torch import Tensor
 
@@ -55,8 +60,50 @@ class RolloutEngine(Protocol):
         """log π_engine(response | prompt), token by token: the probe for `rollout.verifySync`."""
         ...
 
-    def sleep(self) -> None:
-        """Release generation memory while the trainer runs (vLLM on GPU); a no-op elsewhere."""
+    def sleep(self, level: int) -> int:
+        """Release the engine's device memory while the trainer runs; returns the bytes freed (0 off the GPU).
+
+        Level 1 offloads the weights to host memory and drops the KV cache; level 2 drops the weights too, for an
+        engine whose every weight the next sync reloads (vLLM's sleep levels).
+        """
         ...
 
-    def wake_up(self) -> None: ...
+    def wake_up(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
+        """Take back what `sleep` released: the `weights` (before a sync writes them) and the `kv_cache`."""
+        ...
+
+
+class EngineAsleepError(RuntimeError):
+    """An engine was asked to generate, score or take weights while the part of it that needs is asleep."""
+
+
+class SleepState:
+    """Which parts of an engine sleep: its `weights` and its `kv_cache` (vLLM's wake-up tags)."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("weights", "kv_cache")
+
+    def __init__(self) -> None:
+        self.asleep: set[str] = set()
+
+    def fall_asleep(self) -> bool:
+        """Every part asleep; False when it was asleep already (nothing more to release)."""
+        was_awake = not self.asleep
+        self.asleep = set(self.PARTS)
+        return was_awake
+
+    def wake(self, tags: Sequence[str]) -> list[str]:
+        """The parts of `tags` that were asleep, awake now (in the order asked)."""
+        unknown = sorted(set(tags) - set(self.PARTS))
+        if unknown:
+            raise ValueError(f"wake_up: unknown tags {unknown}; an engine wakes {', '.join(self.PARTS)}")
+        woken = [tag for tag in tags if tag in self.asleep]
+        self.asleep -= set(woken)
+        return woken
+
+    def require_awake(self, what: str, parts: Sequence[str] = PARTS) -> None:
+        asleep = [part for part in parts if part in self.asleep]
+        if asleep:
+            raise EngineAsleepError(
+                f"{what}: the engine's {' and '.join(asleep)} {'is' if len(asleep) == 1 else 'are'} asleep; "
+                f"wake_up({tuple(asleep)!r}) first"
+            )

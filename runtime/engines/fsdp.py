@@ -20,7 +20,6 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,8 +31,8 @@ from torch.distributed.tensor import DTensor
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_logits
+from kuberl.runtime.engines.inputs import ForwardInput
 from kuberl.runtime.engines.micro_batches import MicroBatching, micro_batches
-from kuberl.runtime.engines.packing import pack_rows
 from kuberl.runtime.models.lora import adapters_off
 
 
@@ -124,17 +123,20 @@ def build_optimizer(
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-@dataclass(frozen=True)
-class ForwardInput:
-    input_ids: Tensor  # (n, P+R)
-    attention_mask: Tensor  # (n, P+R)
-    response_ids: Tensor  # (n, R)
-    prompt_width: int  # P
-
-
 def position_ids(attention_mask: Tensor) -> Tensor:
     """Positions that skip left padding, as in generation."""
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (n, P+R)
+
+
+def process_group_backend(device_type: str) -> str:
+    """The backend of a trainer's process group: gloo on CPU; on GPU NCCL for the device's tensors *and* gloo
+    for the host's, so host-side counts (a mini-batch's tokens, the passes each rank needs, a skipped step's
+    verdict) all-reduce without a round trip through the GPU (verl's `cpu:gloo,cuda:nccl`).
+
+    >>> process_group_backend("cuda"), process_group_backend("cpu")
+    ('cpu:gloo,cuda:nccl', 'gloo')
+    """
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
 
 
 class FSDPTrainer:
@@ -175,49 +177,55 @@ class FSDPTrainer:
             return contextlib.nullcontext()
         return torch.autocast("cpu", dtype=self.cpu_autocast_dtype)
 
-    def _predictions(self, batch: ForwardInput, rows: slice, full_precision: bool = False) -> tuple[Tensor, Tensor]:
+    def _predictions(self, inputs: ForwardInput, full_precision: bool = False) -> tuple[Tensor, Tensor | None]:
         """The model's outputs at the positions that predict response tokens, (K, V) logits or the critic's (K, 1)
-        values, and where they belong in the rows' response layout: `present` (m, R), K of it true.
+        values, and where each belongs in the rows' flattened (m * R) response layout: None when K = m * R in order.
 
-        Padded, every position is computed and returned (K = m * R). Packed (training.paddingFree), only positions
-        holding a real token are, and the rest of the work (log-softmax, entropy) skips the padding too.
+        Padded, every position is computed and returned. Packed (training.paddingFree), only positions holding a
+        real token are, and the rest of the work (log-softmax, entropy) skips the padding too. `inputs` are on
+        this trainer's device already (`ForwardInput.to`).
         """
-        ids = batch.input_ids[rows].to(self.device)  # (m, P+R)
-        mask = batch.attention_mask[rows].to(self.device)  # (m, P+R)
-        predicting = slice(batch.prompt_width - 1, -1)  # position t predicts (and values) response token t
+        if inputs.device != self.device:
+            raise ValueError(f"the forward input is on {inputs.device}, the trainer on {self.device}: move it first")
         with self._autocast(full_precision):
-            if not self.padding_free:
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
-                outputs = out.logits[:, predicting]  # (m, R, V)
-                present = torch.ones(outputs.shape[:2], dtype=torch.bool, device=self.device)  # (m, R)
-                return outputs.reshape(-1, outputs.shape[-1]), present  # (m * R, V)
-            packed = pack_rows(ids, mask)  # (1, T)
+            packed = inputs.packed
+            if packed is None:
+                mask = inputs.attention_mask  # (m, P+R)
+                out = self.model(
+                    input_ids=inputs.input_ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False
+                )
+                outputs = out.logits[:, inputs.prompt_width - 1 : -1]  # (m, R, V) position t predicts token t
+                return outputs.reshape(-1, outputs.shape[-1]), None  # (m * R, V)
             # no attention mask: position ids that restart make transformers attend within each row only
             out = self.model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
-            index = packed.index[:, predicting]  # (m, R) where each predicting position sits in the packed row
-            present = index >= 0  # (m, R)
-            return out.logits[0, index[present]], present  # (K, V)
+            return out.logits[0].index_select(0, packed.sources), packed.targets  # (K, V), (K,)
 
-    def _forward_values(self, batch: ForwardInput, rows: slice) -> Tensor:
-        # V(s_t) for response token t is read at the position that generated it, like the log-probs
-        values, present = self._predictions(batch, rows)  # (K, 1)
-        return into_rows(values[:, 0].float(), present)  # (m, R)
+    def forward_values(self, inputs: ForwardInput) -> Tensor:
+        """(m, R) the critic's V(s_t) for response token t, read at the position that generated it."""
+        values, targets = self._predictions(inputs)  # (K, 1)
+        return into_rows(values[:, 0].float(), inputs.response_ids.shape, targets)  # (m, R)
 
     def response_logprobs(
         self,
-        batch: ForwardInput,
-        rows: slice,
+        inputs: ForwardInput,
         temperature: float,
         with_entropy: bool = False,
         full_precision: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        outputs, present = self._predictions(batch, rows, full_precision)
+        """(m, R) log-probs of the response tokens, and their entropies when asked, on this trainer's device."""
+        outputs, targets = self._predictions(inputs, full_precision)
         logits = outputs.float()  # (K, V)
         if temperature > 0:
             logits = logits / temperature
-        labels = batch.response_ids[rows].to(self.device)[present]  # (K,)
-        entropy = into_rows(entropy_from_logits(logits), present) if with_entropy else None  # (m, R)
-        return into_rows(logprobs_from_logits(logits, labels), present), entropy  # (m, R)
+        labels = inputs.response_ids.reshape(-1)  # (m * R,)
+        labels = labels if targets is None else labels.index_select(0, targets)  # (K,)
+        shape = inputs.response_ids.shape
+        entropy = into_rows(entropy_from_logits(logits), shape, targets) if with_entropy else None  # (m, R)
+        return into_rows(logprobs_from_logits(logits, labels), shape, targets), entropy  # (m, R)
+
+    def on_device(self, inputs: ForwardInput) -> ForwardInput:
+        """Host rows as this trainer's forward passes read them: on its device, packed when it trains padding-free."""
+        return inputs.to(self.device, pack=self.padding_free)
 
     @torch.no_grad()
     def logprobs(
@@ -229,7 +237,7 @@ class FSDPTrainer:
         base_only: bool = False,
         max_tokens: int | None = None,
     ) -> Tensor:
-        """Log-probs of the response tokens; `full_precision` skips CPU autocast (the weights' own dtype).
+        """(n, R) log-probs of the response tokens, on the host; `full_precision` skips CPU autocast.
 
         Micro-batches of `micro_batch_size` rows, or of up to `max_tokens` tokens when set (maxTokensPerMicroBatch).
 
@@ -238,19 +246,20 @@ class FSDPTrainer:
         self.model.eval()
         with adapters_off(self.model) if base_only else contextlib.nullcontext():
             parts = [
-                self.response_logprobs(batch, rows, temperature, full_precision=full_precision)[0].cpu()
+                self.response_logprobs(self.on_device(batch.rows(rows)), temperature, full_precision=full_precision)[0]
                 for rows in self.micro_batches(batch, MicroBatching(micro_batch_size, max_tokens))
             ]
-        return torch.cat(parts)  # (n, R)
+        return self.to_host(torch.cat(parts))  # (n, R)
 
     @torch.no_grad()
     def values(self, batch: ForwardInput, micro_batch_size: int, max_tokens: int | None = None) -> Tensor:
+        """(n, R) the critic's values, on the host."""
         self.model.eval()
         parts = [
-            self._forward_values(batch, rows).cpu()
+            self.forward_values(self.on_device(batch.rows(rows)))
             for rows in self.micro_batches(batch, MicroBatching(micro_batch_size, max_tokens))
         ]
-        return torch.cat(parts)  # (n, R)
+        return self.to_host(torch.cat(parts))  # (n, R)
 
     def micro_batches(self, batch: ForwardInput, batching: MicroBatching, span: slice = slice(None)) -> Sequence[slice]:
         """The micro-batches (slices of the batch's rows) of the rows in `span`; as many on every rank."""
@@ -259,13 +268,19 @@ class FSDPTrainer:
             slice(start + cut.start, start + cut.stop) for cut in micro_batches(batch.attention_mask[span], batching)
         ]
 
+    def to_host(self, values: Tensor) -> Tensor:
+        """Device values on the host: a pass's or an update's results, read once at its end (on a GPU, this waits
+        for the work queued before it)."""
+        return values.detach().cpu()
+
     # -- updates ----------------------------------------------------------------------------------
-    def optimizer_step(self, loss_finite: bool = True) -> dict[str, float]:
-        """Clip and step; skipped (gradients dropped) when the gradient norm or any rank's loss is not finite.
+    def optimizer_step(self, loss: Tensor | float | None = None) -> dict[str, Tensor | float]:
+        """Clip and step; skipped (gradients dropped) when the gradient norm or any rank's `loss` is not finite.
 
         As in verl's actor: a NaN or infinite update never reaches the weights or the optimiser state, and
         the learning-rate schedule still advances. `skipped` (1.0 or 0.0) is the same on every rank, which
-        must take the same decision: the norm is global, the loss is not, so the verdict is all-reduced.
+        must take the same decision: the norm is global, the loss is not, so the verdict is all-reduced. That
+        verdict is the step's one read of a device value on the host; the gradient norm stays on the device.
         """
         assert self.optimizer is not None and self.scheduler is not None and self.optim_spec is not None
         clip = self.optim_spec.grad_clip
@@ -276,15 +291,18 @@ class FSDPTrainer:
         norm = norm.to(self.device)
         torch.nn.utils.clip_grads_with_norm_(parameters, clip if clip is not None else float("inf"), norm)
         norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-        finite = global_sum(0.0 if loss_finite and math.isfinite(float(norm)) else 1.0) == 0.0
-        if finite:
+        finite = torch.isfinite(norm)  # ()
+        if loss is not None:
+            finite = finite & torch.isfinite(torch.as_tensor(loss, device=norm.device))  # ()
+        skipped = global_sum(0.0 if bool(finite) else 1.0) > 0.0
+        if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
         with warnings.catch_warnings():  # a skip before the first optimiser step is not the mistake torch warns of
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             self.scheduler.step()
-        return {"grad_norm": float(norm), "lr": float(lr), "skipped": 0.0 if finite else 1.0}
+        return {"grad_norm": norm.detach(), "lr": float(lr), "skipped": 1.0 if skipped else 0.0}
 
     # -- weights out --------------------------------------------------------------------------------
     def full_tensors(self, select: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Tensor]]:
@@ -303,13 +321,17 @@ class FSDPTrainer:
             del full
 
 
-def into_rows(values: Tensor, present: Tensor) -> Tensor:
-    """(K,) values per response position back into the (m, R) layout of `present`; 0 where absent."""
-    return torch.zeros(present.shape, dtype=values.dtype, device=values.device).masked_scatter(present, values)
+def into_rows(values: Tensor, shape: torch.Size, targets: Tensor | None) -> Tensor:
+    """(K,) values per response position into the rows' (m, R) layout `shape`: in order when `targets` is None
+    (K = m * R), else at the flat positions `targets` (K,), 0 elsewhere. A scatter by index: no host sync."""
+    if targets is None:
+        return values.reshape(shape)  # (m, R)
+    flat = values.new_zeros(shape.numel()).index_copy(0, targets, values)  # (m * R,)
+    return flat.reshape(shape)  # (m, R)
 
 
 def global_sum(value: float | Tensor) -> float:
-    """Sum of a number over all ranks."""
+    """Sum of a host number over all ranks (on a GPU rank, over the process group's gloo side)."""
     total = torch.tensor(float(value), dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(total)

@@ -5,13 +5,13 @@ Our own loop rather than `model.generate` because a run must replay: every call 
 sampled token comes back with it.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from kuberl.runtime.engines.base import Generation, SamplingParams
-from kuberl.runtime.engines.sampling import sample_tokens
+from kuberl.runtime.engines.base import Generation, SamplingParams, SleepState
+from kuberl.runtime.engines.sampling import sample_tokens, seeded_generator
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -44,17 +44,19 @@ class HFRolloutEngine:
         self.device = torch.device(device)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_id = tokenizer.eos_token_id
+        self.sleep_state = SleepState()
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
+        self.sleep_state.require_awake("generate")
         rows = [prompt for prompt in prompts for _ in range(params.n)]
         if not rows:
             return []
-        generator: torch.Generator | list[torch.Generator] = torch.Generator().manual_seed(params.seed)
+        generator: torch.Generator | list[torch.Generator] = seeded_generator(params.seed, self.device)
         if params.row_seeds:
             if params.n != 1 or len(params.row_seeds) != len(prompts):
                 raise ValueError("row_seeds needs n = 1 and one seed per prompt")
-            generator = [torch.Generator().manual_seed(seed) for seed in params.row_seeds]
+            generator = [seeded_generator(seed, self.device) for seed in params.row_seeds]
         tokens, logprobs, lengths = self._sample(rows, params, generator)
         stop_ids = {self.eos_id, *params.stop_token_ids} - {None}
         out: list[Generation] = []
@@ -111,6 +113,7 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def response_logprobs(self, prompt: list[int], response: list[int], temperature: float) -> list[float]:
+        self.sleep_state.require_awake("response_logprobs")
         ids = torch.tensor([prompt + response], device=self.device)  # (1, P+R)
         logits = self.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # (R, V)
         if temperature > 0:
@@ -119,6 +122,7 @@ class HFRolloutEngine:
         return logits.log_softmax(-1).gather(-1, target[:, None]).squeeze(-1).tolist()
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> int:
+        self.sleep_state.require_awake("load_weights", ("weights",))
         return copy_into(dict(self.model.named_parameters()), weights, "parameter")
 
     def load_adapter(self, weights: Iterable[tuple[str, Tensor]]) -> int:
@@ -126,16 +130,27 @@ class HFRolloutEngine:
         PEFT model in place; returns the bytes loaded. The model must be wrapped with the same LoRA config."""
         from kuberl.runtime.models.lora import adapter_name, is_trainable_name
 
+        self.sleep_state.require_awake("load_adapter", ("weights",))
         targets = {adapter_name(name): p for name, p in self.model.named_parameters() if is_trainable_name(name)}
         if not targets:
             raise RuntimeError("load_adapter: the hf engine's model has no LoRA adapter (spec.models.actor.lora)")
         return copy_into(targets, weights, "adapter tensor")
 
-    def sleep(self) -> None:
-        """Nothing to release: the HF engine's KV cache lives only inside `generate`."""
+    def sleep(self, level: int) -> int:
+        """On a GPU the weights go to host memory until `wake_up` (at either level: this engine's KV cache lives
+        only inside `generate`, and its weights are kept to be written in place); returns the device bytes that
+        freed. Off the GPU nothing moves, and the engine only records that it sleeps."""
+        if not self.sleep_state.fall_asleep() or self.device.type != "cuda":
+            return 0
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        self.model.to("cpu")
+        torch.cuda.empty_cache()
+        return int(torch.cuda.mem_get_info(self.device)[0] - free_before)
 
-    def wake_up(self) -> None:
-        """See `sleep`."""
+    def wake_up(self, tags: Sequence[str] = SleepState.PARTS) -> None:
+        """The parts of `tags` that sleep, awake: the weights back on the device."""
+        if "weights" in self.sleep_state.wake(tags) and self.device.type == "cuda":
+            self.model.to(self.device)
 
 
 @torch.no_grad()

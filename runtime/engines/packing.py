@@ -11,7 +11,9 @@ lengths most of the padded tensor is padding (bench/padding_free.py).
 
 `index` maps each padded position to its packed one, so the trainer reads the model's outputs at the positions
 that predict response tokens and returns log-probs and values in the same (m, R) shapes as the padded forward
-(zero at the padding).
+(zero at the padding). `response_layout` turns it into two flat index lists, computed on the host with the
+packing itself, so that on a GPU reading the outputs back is a gather, never a boolean mask (whose size the
+host would have to wait for).
 """
 
 from dataclasses import dataclass
@@ -39,3 +41,28 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
     index = torch.full(real.shape, -1, dtype=torch.long, device=real.device)  # (m, L)
     index[real] = torch.arange(int(real.sum()), device=real.device)
     return PackedRows(input_ids=input_ids[real][None], position_ids=positions[real][None], index=index)
+
+
+@dataclass(frozen=True)
+class ResponseLayout:
+    """Where a packed forward's outputs for the response tokens are, and where they go.
+
+    Position t of a row's response is predicted by the token before it; that position is packed when it holds
+    a real token. `sources[k]` is such a position in the packed row, `targets[k]` its place in the rows'
+    flattened (m * R) response layout.
+    """
+
+    sources: Tensor  # (K,) positions in the packed row
+    targets: Tensor  # (K,) positions in the flattened (m * R) response layout
+
+
+def response_layout(index: Tensor, prompt_width: int) -> ResponseLayout:
+    """The packed positions that predict response tokens (see ResponseLayout), from `PackedRows.index`.
+
+    >>> layout = response_layout(torch.tensor([[-1, 0, 1, -1], [2, 3, 4, 5]]), prompt_width=2)
+    >>> layout.sources.tolist(), layout.targets.tolist()
+    ([0, 1, 3, 4], [0, 1, 2, 3])
+    """
+    predicting = index[:, prompt_width - 1 : -1]  # (m, R) position t predicts response token t
+    present = predicting >= 0  # (m, R)
+    return ResponseLayout(sources=predicting[present], targets=present.flatten().nonzero().flatten())

@@ -4,6 +4,21 @@ import torch
 from torch import Tensor
 
 
+def generator_device(device: torch.device) -> torch.device:
+    """Where the random stream of sampling on `device` must live: torch draws on a GPU only from a generator on
+    that GPU, and on the CPU from a CPU one.
+
+    >>> generator_device(torch.device("cuda", 1)), generator_device(torch.device("cpu"))
+    (device(type='cuda', index=1), device(type='cpu'))
+    """
+    return device if device.type == "cuda" else torch.device("cpu")
+
+
+def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A generator for sampling on `device`, seeded: the same seed replays the same draws on the same device."""
+    return torch.Generator(device=generator_device(device)).manual_seed(seed)
+
+
 def filter_logits(logits: Tensor, *, top_k: int | None, top_p: float) -> Tensor:
     """Logits with everything outside the top-k / nucleus set to -inf."""
     if top_k is not None and top_k < logits.shape[-1]:

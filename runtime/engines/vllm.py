@@ -72,8 +72,11 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   with `hasattr(value, "__dict__")`, which raises on a werkzeug `LocalProxy` (flask's `current_app`,
   present once anything imported flask, e.g. moto or a user's reward server) instead of answering
   False. The engine installs the same scan with that one call guarded (`_rebind_kernels_tolerantly`).
-- Sleep mode (free the KV cache and offload weights while the trainer runs) exists only on CUDA;
-  on CPU `sleep`/`wake_up` are no-ops.
+- Sleep mode exists only on CUDA; on CPU `sleep`/`wake_up` are no-ops. A colocated engine sleeps before the
+  trainer's passes of every step and wakes in the sync (`ModelWorker.sleep_engine`, `sync_weights`): level 2
+  (weights and KV cache dropped) when the sync reloads every weight, as verl does, level 1 (weights offloaded)
+  for LoRA's syncs, which leave the base weights as they were; the weights wake before they are written and
+  the KV cache after.
 - LoRA (`spec.models.actor.lora`): with the "adapter" sync the engine starts with `enable_lora`
   and generates and scores with the one adapter it holds, loaded from memory by `load_adapter`
   (`engines.vllm_lora`); before the first load it serves the base model, which a fresh adapter
@@ -95,7 +98,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +107,7 @@ import torch
 from torch import Tensor
 
 from kuberl.api import RLJobSpec
-from kuberl.runtime.engines.base import Generation, SamplingParams
+from kuberl.runtime.engines.base import Generation, SamplingParams, SleepState
 from kuberl.runtime.models.dtypes import rollout_dtype
 from kuberl.runtime.models.lora import peft_config_dict, sync_mode
 
@@ -471,8 +474,7 @@ class VLLMRolloutEngine:
         self.partial_loads = partial_loads  # LoRA's merged sync: each load brings only the touched blocks
         self._reload_filter = ExpectedReloadWarnings(tied_head)
         self.shards = shards  # spec.rollout.tensorParallelSize: > 1, the model is split over worker processes
-        self._asleep = False
-        self._woken_tags: set[str] = set()
+        self.sleep_state = SleepState()
         self._warned_rescoring = False
 
     @classmethod
@@ -522,6 +524,7 @@ class VLLMRolloutEngine:
     # -- generation ---------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         """`params.n` generations for each prompt, in prompt order."""
+        self.sleep_state.require_awake("generate")
         if not prompts:
             return []
         from vllm.inputs import TokensPrompt
@@ -566,6 +569,7 @@ class VLLMRolloutEngine:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
+        self.sleep_state.require_awake("score")
         for prompt, _ in pairs:
             if not prompt:
                 raise ValueError("response_logprobs: the prompt is empty; the first response token has no context")
@@ -600,7 +604,7 @@ class VLLMRolloutEngine:
         counter = _ByteCounter(weights)
         # in-process: one lazy stream; split over worker processes: one pickled list per decoder layer
         loads: Iterable[Iterable[tuple[str, Tensor]]] = [iter(counter)] if self.shards == 1 else layer_loads(counter)
-        self._wake_weights()
+        self.sleep_state.require_awake("load_weights", ("weights",))
         reload_logger = logging.getLogger(RELOAD_LOGGER)
         reload_logger.addFilter(self._reload_filter)
         try:
@@ -624,32 +628,28 @@ class VLLMRolloutEngine:
         from kuberl.runtime.engines.vllm_lora import adapter_request, serving_request
 
         request, size = adapter_request(weights, self.adapter_config)
-        self._wake_weights()
+        self.sleep_state.require_awake("load_adapter", ("weights",))
         self.llm.llm_engine.add_lora(request)
         self.adapter = serving_request()
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old adapter
         return size
 
-    def _wake_weights(self) -> None:
-        if self._asleep and "weights" not in self._woken_tags:  # offloaded by sleep(): back before writing
-            self.llm.wake_up(tags=["weights"])
-            self._woken_tags.add("weights")
-
     # -- memory ---------------------------------------------------------------------------------------
-    def sleep(self) -> None:
-        """On CUDA: drop the KV cache and offload the weights to host memory (vLLM sleep level 1)."""
-        if self.device.type != "cuda" or self._asleep:
-            return
-        self.llm.sleep(level=1)
-        self._asleep, self._woken_tags = True, set()
+    def sleep(self, level: int) -> int:
+        """On CUDA: drop the KV cache, and offload the weights to host memory (level 1) or drop them too (level 2,
+        for an engine whose next sync reloads every weight); returns the device bytes that freed. Off CUDA
+        nothing is released (vLLM sleeps only there), and the engine only records that it sleeps."""
+        if not self.sleep_state.fall_asleep() or self.device.type != "cuda":
+            return 0
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        self.llm.sleep(level=level)
+        return int(torch.cuda.mem_get_info(self.device)[0] - free_before)
 
-    def wake_up(self) -> None:
-        """On CUDA: reallocate what `sleep` released (what `load_weights` has not already brought back)."""
-        if self.device.type != "cuda" or not self._asleep:
-            return
-        remaining = [tag for tag in ("weights", "kv_cache") if tag not in self._woken_tags]
-        self.llm.wake_up(tags=remaining)
-        self._asleep, self._woken_tags = False, set()
+    def wake_up(self, tags: Sequence[str] = SleepState.PARTS) -> None:
+        """Take back the parts of `tags` that sleep (the weights before a sync writes them, the KV cache after)."""
+        woken = self.sleep_state.wake(tags)
+        if woken and self.device.type == "cuda":
+            self.llm.wake_up(tags=woken)
 
     def shutdown(self) -> None:
         """Stops the engine. vLLM's teardown also destroys torch.distributed's default process group

@@ -23,11 +23,12 @@ import torch.distributed as dist
 from kuberl.api import ComputeDType, RLJob, parse_rljob
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
-from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu
+from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu, process_group_backend
+from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.models.dtypes import reference_dtype, torch_dtype
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
 from kuberl.runtime.models.resolve import ModelLocation
-from kuberl.runtime.updates import UpdateConfig, forward_input, update_critic, update_policy
+from kuberl.runtime.updates import UpdateConfig, update_critic, update_policy
 from kuberl.runtime.workers.group import worker_device
 
 #: Models with weights and optimiser state that checkpoints carry (the reference never changes).
@@ -77,7 +78,7 @@ class ModelWorker:
         os.environ.update(MASTER_ADDR=setup.master_addr, MASTER_PORT=str(setup.master_port))
         if not dist.is_initialized():
             dist.init_process_group(
-                "nccl" if self.device.type == "cuda" else "gloo",
+                process_group_backend(self.device.type),
                 rank=self.rank,
                 world_size=self.world_size,
                 device_id=None,
@@ -228,11 +229,24 @@ class ModelWorker:
     def update_critic(self, batch: RolloutBatch, config: UpdateConfig) -> dict[str, float]:
         return update_critic(self.trainers["critic"], batch, config)
 
+    def sleep_engine(self) -> dict[str, float]:
+        """The colocated engine gives its device memory to the trainer until the next sync (a no-op off the GPU).
+
+        Level 2 (weights dropped too) when the sync reloads every weight; level 1 (weights offloaded to the host)
+        when it brings only LoRA's adapters or the blocks they touch, which leaves the base weights as they were.
+        """
+        level = 2 if self.lora_sync is None else 1
+        return {"engine/sleep_freed_bytes": float(self.engine.sleep(level))}
+
     def sync_weights(self) -> dict[str, float]:
         """Load the actor's weights into the colocated engine in place, one gathered tensor at a time
-        (with LoRA: its adapters, or the blocks they touch merged; see models.lora)."""
+        (with LoRA: its adapters, or the blocks they touch merged; see models.lora), then wake the engine's
+        KV cache: the weights come back before they are written, the cache after, so the two never coexist
+        with the trainer's gathers on the device."""
         started = time.perf_counter()
+        self.engine.wake_up(("weights",))
         loaded = load_into(self.engine, self.lora_sync, sync_payload(self.trainers["actor"], self.lora_sync))
+        self.engine.wake_up(("kv_cache",))
         return {"sync/bytes": float(loaded), "sync/seconds": time.perf_counter() - started}
 
     def publish_weights(self, bucket_mb: int) -> list[Any] | None:

@@ -18,7 +18,8 @@ from kuberl.runtime.algorithms.correction import CorrectionConfig, rollout_corre
 from kuberl.runtime.algorithms.losses import PolicyLossConfig, PolicyLossInputs, policy_loss
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import FSDPTrainer, position_ids
-from kuberl.runtime.updates import UpdateConfig, forward_input, update_policy
+from kuberl.runtime.engines.inputs import forward_input
+from kuberl.runtime.updates import UpdateConfig, update_policy
 from tests.integration.runtime.rank_pool import RankPool
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,10 @@
 """The hybrid engine with the real vLLM CPU engine: after every weight sync in a multi-step GRPO run
 the engine reproduces the trainer's log-probabilities (fp32), colocated and with a separate pool, and
-with bf16 training (the probe scores in the weights' fp32)."""
+with bf16 training (the probe scores in the weights' fp32).
+
+A colocated engine sleeps before the trainer's passes of every step and wakes in the sync; on the CPU
+sleeping frees nothing, but the engine refuses to generate, score or take weights while asleep
+(engines/base.py SleepState), so a run that finishes kept the order every step."""
 
 import pytest
 
@@ -41,3 +45,6 @@ def test_engine_matches_trainer_after_every_sync(ray_session, tmp_path, layout):
         # (bf16 training scores in bf16 against the fp32 engine: close, not equal)
         bf16 = job.spec.training.compute_dtype == "bfloat16"
         assert record["rollout/logprob_diff_max"] <= (0.5 if bf16 else TOLERANCE)
+        # the colocated engine slept (freeing nothing off the GPU); a separate pool's never does
+        colocated = job.spec.rollout.placement == "colocated"
+        assert record.get("engine/sleep_freed_bytes") == (0.0 if colocated else None)

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from kuberl.api import LoRASpec, parse_rljob
-from kuberl.runtime.engines.fsdp import ForwardInput, FSDPTrainer
+from kuberl.runtime.engines.fsdp import FSDPTrainer
+from kuberl.runtime.engines.inputs import ForwardInput
 from kuberl.runtime.engines.vllm_lora import max_lora_rank_for
 from kuberl.runtime.models.lora import (
     adapter_name,
