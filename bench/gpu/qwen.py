@@ -107,8 +107,18 @@ def qwen25_config(size: str):
     return Qwen2Config(**QWEN25[size], **COMMON, architectures=["Qwen2ForCausalLM"], dtype="bfloat16")
 
 
-def build_qwen25(size: str, directory: Path, device: str = "cuda") -> Path:
-    """A Qwen2.5-`size` folder with random bf16 weights (seeded), the tiny tokenizer and a generation config."""
+def smoke_config():
+    """A Qwen2 of the same layout with a few thousand parameters and the tiny tokenizer's 512 tokens: the suite's
+    `--smoke` run on a CPU."""
+    from transformers import Qwen2Config
+
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    return Qwen2Config(**{**COMMON, **small, "num_key_value_heads": 2, "vocab_size": 512, "dtype": "float32"})
+
+
+def build_model(config, directory: Path, device: str = "cuda") -> Path:
+    """A folder with the model of `config` (random weights, seeded, in its dtype), the tiny tokenizer and a
+    generation config."""
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
@@ -118,11 +128,11 @@ def build_qwen25(size: str, directory: Path, device: str = "cuda") -> Path:
         return directory
     tokenizer = build_tiny_tokenizer(512)
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    config = qwen25_config(size)
     config.bos_token_id, config.eos_token_id, config.pad_token_id = None, eos, eos
     torch.manual_seed(0)
+    dtype = getattr(torch, str(config.dtype).removeprefix("torch."))  # a name or a torch.dtype, by version
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+        model = Qwen2ForCausalLM(config).to(dtype)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory, save_jinja_files=False)
     settings = json.loads((directory / "tokenizer_config.json").read_text())

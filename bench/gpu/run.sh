@@ -1,13 +1,54 @@
 #!/usr/bin/env bash
 # The GPU suite: kuberl's GPU path measured on one machine, one table at the end (bench/gpu/suite.py).
 #   bash bench/gpu/run.sh                 # Qwen2.5-0.5B and -1.5B shapes, random weights; <= 10 min on one H100
-#   bash bench/gpu/run.sh --dry-run       # the plan without a GPU
-# Uses .venv/bin/python when it exists (make venv), else python3; the environment needs kuberl with the
-# runtime and vllm extras (and bench, for the TRL row).
+#   bash bench/gpu/run.sh --dry-run       # the plan without a GPU (CI runs this)
+#   bash bench/gpu/run.sh --smoke         # every row this machine can run, on a tiny model, on the CPU
+#   bash bench/gpu/run.sh --tests         # then `pytest -m gpu` (tests/integration/runtime/test_gpu.py)
+#
+# Nothing of kuberl needs installing: the source tree goes on PYTHONPATH as the `kuberl.*` packages. The
+# machine needs torch, transformers and peft (vLLM, Ray and TRL only for their rows, each skipped with the
+# reason where missing) and pydantic, which the GPU machines this project borrows lack: fetch its wheels
+# here first, where PyPI is reachable, into bench/gpu/wheels/ (git-ignored, ~2 MB; the target's Python is
+# 3.12 by default, PYTHON_VERSION=3.11 for another),
+#   bash bench/gpu/wheels.sh
+# and carry that folder along (the device tool: carry ["bench/gpu/wheels"]). They are installed into a
+# scratch folder, never into the machine's Python.
+# Python: $PYTHON, else .venv/bin/python when it exists (make venv), else python3.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-$repo/.venv/bin/python}"
 [[ -x "$python" ]] || python=python3
-export VLLM_ENABLE_V1_MULTIPROCESSING=0 RAY_USAGE_STATS_ENABLED=0
-exec timeout --signal=INT 600 "$python" "$here/suite.py" "$@"
+
+tests=0
+args=()
+for arg in "$@"; do
+  if [[ "$arg" == --tests ]]; then tests=1; else args+=("$arg"); fi
+done
+
+scratch="$(mktemp -d "${TMPDIR:-/tmp}/kuberl-gpu.XXXXXX")"
+trap 'rm -rf "$scratch"' EXIT
+# kuberl's folders as the packages setuptools' package-dir maps them to (pyproject.toml)
+mkdir -p "$scratch/src/kuberl"
+ln -s "$repo"/kuberl/* "$scratch/src/kuberl/"
+for package in api operator runtime; do ln -s "$repo/$package" "$scratch/src/kuberl/$package"; done
+pythonpath="$scratch/src"
+if ! "$python" -c "import pydantic" 2>/dev/null; then
+  wheels="${KUBERL_GPU_WHEELS:-$here/wheels}"
+  if ! compgen -G "$wheels/*.whl" >/dev/null; then
+    echo "pydantic is not installed and $wheels holds no wheels: run bash bench/gpu/wheels.sh where PyPI is reachable, and bring that folder" >&2
+    exit 2
+  fi
+  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$scratch/site" "$wheels"/*.whl
+  pythonpath="$pythonpath:$scratch/site"
+fi
+export PYTHONPATH="$pythonpath${PYTHONPATH:+:$PYTHONPATH}"
+export VLLM_ENABLE_V1_MULTIPROCESSING=0 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+
+status=0
+timeout --signal=INT 600 "$python" "$here/suite.py" "${args[@]}" || status=$?
+if (( tests )); then
+  # from the repository (tests/ is a package there), with only the tests' own folder first on the path
+  (cd "$repo" && timeout --signal=INT 300 "$python" -m pytest -p no:cacheprovider -m gpu tests/integration/runtime/test_gpu.py) || status=$?
+fi
+exit "$status"

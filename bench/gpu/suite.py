@@ -1,33 +1,31 @@
-"""The GPU path measured on one machine: colocated vLLM with sleep/wake, the in-place sync, rollout speed,
-update MFU, one GRPO step against TRL, FSDP2 over NCCL. One table at the end.
+"""The GPU path measured on one machine: the trainer's update and its variants against plain PyTorch, the HF
+engine, and where vLLM is installed the colocated vLLM engine (sleep/wake, the in-place sync, rollout speed).
+One table at the end.
 
     bash bench/gpu/run.sh                    # everything, <= 10 min on one H100
     bash bench/gpu/run.sh --models 0.5B      # one model
     bash bench/gpu/run.sh --dry-run          # no GPU work: the plan, the models' sizes, every row skipped
+    bash bench/gpu/run.sh --smoke            # every row this machine can run, on a tiny model, on the CPU
 
-Needs a CUDA machine with kuberl installed with the runtime and GPU extras (`pip install -e
-'.[runtime,vllm]'`; TRL for the GRPO-step row: `.[bench]`). Models are Qwen2.5-0.5B and -1.5B shapes
-with random weights (`qwen.py`), built into --workdir first. Items, each a row (or rows) of the table:
+Needs torch, transformers and peft; nothing of the project is installed (run.sh puts the source on the path and
+pydantic's wheels, when the machine lacks pydantic, from bench/gpu/wheels: see run.sh). Models are Qwen2.5-0.5B
+and -1.5B shapes with random weights (`qwen.py`), built into --workdir first.
 
-- sleep/wake: a colocated vLLM engine (kuberl's `VLLMRolloutEngine`, gpuMemoryUtilization 0.4)
-  sleeps (level 1: KV cache dropped, weights offloaded) and wakes; the GPU memory sleep frees, and
-  the seconds each takes. Aim: frees at least the KV cache.
-- sync: `VLLMRolloutEngine.load_weights` streaming a bf16 copy of the model that lives on the same
-  GPU (what `FSDPTrainer.full_tensors` yields on one rank) against a device-to-device `copy_` of the
-  same tensors into preallocated ones. Aim: <= 1.5x.
-- rollout: kuberl's `generate` (Generations with log-probs) against raw `vllm.LLM.generate` on the
-  same engine with exactly the vLLM sampling settings kuberl builds, alternating. Aim: >= 95%.
-- update MFU: one `update_policy` (the GRPO loss, forward + backward + AdamW) of the 1.5B model in
-  bf16 (FSDP2 mixed precision, fp32 master weights) over one NCCL rank; model FLOPs / time / the
-  GPU's dense bf16 peak. Aim: >= 35% on an H100. The row "fsdp2 nccl, 1 rank" is the same run.
-- grpo step: `bench/vs_trl.py --device cuda` on the 0.5B shape, kuberl (vLLM colocated, bf16) against
-  TRL's best mode (vLLM colocate, bf16); ratio = TRL's step / kuberl's.
-- multi-GPU items (2-rank FSDP2, a separate rollout pool fed by broadcast) run only with 2+ GPUs
-  and are skipped with the reason otherwise.
+- The trainer rows (trainer_rows.py: update, LoRA, padding-free, offload, critic, KL, reference, checkpoint, HF
+  engine) need neither vLLM nor Ray: one process, one rank, a process group made as the model worker makes it.
+  The update rows' baseline is plain PyTorch on the same batch in the same run (plain.py). The update, LoRA and
+  reference rows train the largest model asked for, the others the smallest.
+- The vLLM rows (sleep/wake, sync, rollout) run where vLLM is installed and are skipped with the reason
+  otherwise: sleep/wake frees the KV cache and the weights (level 1); the sync streams a bf16 copy of the model
+  against a device-to-device copy (<= 1.5x); rollout is kuberl's `generate` against raw `LLM.generate` (>= 95%).
+- grpo step: `bench/vs_trl.py --device cuda` on the smallest model, kuberl against TRL's best mode (needs TRL,
+  vLLM and Ray).
+- multi-GPU items (a 2-rank update, a separate rollout pool) run only with 2+ GPUs.
 """
 
 import argparse
-import contextlib
+import gc
+import importlib.util
 import json
 import os
 import socket
@@ -36,34 +34,57 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path[:0] = [str(HERE)] + ([str(REPO)] if str(REPO) not in sys.path else [])
+sys.path.insert(0, str(HERE))  # kuberl itself: the venv's editable install, or run.sh's PYTHONPATH
 
-from qwen import QWEN25, build_qwen25, peak_flops, shape, update_flops  # noqa: E402
+from qwen import QWEN25, build_model, peak_flops, qwen25_config, shape, smoke_config, update_flops  # noqa: E402
 from table import SKIPPED, Row, failed, format_table, judge, skipped  # noqa: E402
+from workloads import PACKING, SMOKE, SMOKE_PACKING, UPDATE, Workload  # noqa: E402
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 GIB = 2**30
 NO_CUDA = "no CUDA device on this machine"
+SMOKE_MODEL = "smoke"
+VLLM_ITEMS = ("sleep/wake", "sync", "rollout")
 
 
 # -- the plan (no GPU needed) ------------------------------------------------------------------------
+def trainer_items() -> list[tuple[str, str]]:
+    """(item, workload) of the trainer rows, in the order they run."""
+    from trainer_rows import TRAINER_ITEMS
+
+    return [(item, workload) for item, _, workload in TRAINER_ITEMS]
+
+
 def planned_items(sizes: list[str], gpus: int) -> list[tuple[str, str]]:
     """(item, model) in the order they run; what --dry-run prints."""
-    items = [(item, size) for size in sizes for item in ("sleep/wake", "sync", "rollout")]
-    if "1.5B" in sizes:
-        items += [("update MFU bf16", "1.5B"), ("fsdp2 nccl, 1 rank", "1.5B")]
+    items = [(item, sizes[-1] if workload == "update" else sizes[0]) for item, workload in trainer_items()]
+    items += [(item, size) for size in sizes for item in VLLM_ITEMS]
     items += [("grpo step vs TRL", sizes[0]), ("fsdp2 nccl, 2 ranks", sizes[-1]), ("separate rollout pool", sizes[0])]
     return items
 
 
 def multi_gpu_reason(gpus: int) -> str | None:
     return None if gpus >= 2 else f"needs 2 GPUs, {gpus} visible"
+
+
+def missing_modules(*names: str) -> list[str]:
+    """The modules of `names` this Python cannot import (looked up, not imported)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ImportError:  # a finder that refuses the name outright
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
 
 
 def dry_run_rows(sizes: list[str], reason: str) -> list[Row]:
@@ -114,7 +135,7 @@ def free_gib() -> float:
     return torch.cuda.mem_get_info()[0] / GIB
 
 
-# -- per model: one engine for sleep/wake, sync and rollout -----------------------------------------------
+# -- vLLM: one engine per model for sleep/wake, sync and rollout -----------------------------------------------
 def engine_rows(size: str, model_dir: Path, repeats: int) -> list[Row]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -186,7 +207,7 @@ def engine_rows(size: str, model_dir: Path, repeats: int) -> list[Row]:
         # sleep/wake around an update: the memory sleep gives the trainer
         before = free_gib()
         started = time.perf_counter()
-        engine.sleep()
+        engine.sleep(1)
         sleep_s = time.perf_counter() - started
         after = free_gib()
         started = time.perf_counter()
@@ -209,103 +230,29 @@ def engine_rows(size: str, model_dir: Path, repeats: int) -> list[Row]:
     return rows
 
 
-# -- update MFU, FSDP2 over NCCL ----------------------------------------------------------------------------
-@contextlib.contextmanager
-def nccl_group(rank: int = 0, world: int = 1, port: int | None = None) -> Iterator[None]:
-    import torch.distributed as dist
-
-    if port is None:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl", rank=rank, world_size=world)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def update_seconds(model_dir: Path, world: int, sequences: int, prompt: int, response: int, repeats: int) -> float:
-    """Seconds of one `update_policy` on this rank (bf16 FSDP2 mixed precision, fp32 AdamW), best of `repeats`."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from kuberl.api.spec import OptimizerSpec
-    from kuberl.runtime.batch import RolloutBatch
-    from kuberl.runtime.engines.fsdp import FSDPTrainer
-    from kuberl.runtime.updates import UpdateConfig, update_policy
-
-    cuda = torch.device("cuda", torch.cuda.current_device())
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    trainer = FSDPTrainer(
-        model,
-        world_size=world,
-        device=cuda,
-        optim=OptimizerSpec(lr=1e-6),
-        total_steps=repeats + 1,
-        compute_dtype=torch.bfloat16,
-    )
-    generator = torch.Generator().manual_seed(0)
-    rows = sequences // world
-    batch = RolloutBatch(
-        prompt_ids=torch.randint(3, 500, (rows, prompt), generator=generator),
-        prompt_mask=torch.ones(rows, prompt, dtype=torch.long),
-        response_ids=torch.randint(3, 500, (rows, response), generator=generator),
-        response_mask=torch.ones(rows, response),
-        group_index=torch.arange(rows) // 8,
-        advantages=torch.randn(rows, response, generator=generator),
-    )
-    config = UpdateConfig(
-        ppo_epochs=1,
-        mini_batches=1,
-        micro_batch_size=4,
-        world_size=world,
-        temperature=1.0,
-        aggregation="seq_mean_token_mean",
-        max_response_length=response,
-        on_policy=True,
-    )
-    update_policy(trainer, batch, config)  # warm-up
-    return best_of(repeats, lambda: update_policy(trainer, batch, config))[0]
-
-
-def mfu_rows(model_dir: Path, size: str, repeats: int) -> list[Row]:
-    import torch
-
-    sequences, prompt, response = 32, 256, 768
-    with nccl_group():
-        seconds = update_seconds(model_dir, 1, sequences, prompt, response, repeats)
-    flops = update_flops(shape(size), sequences, prompt + response)
-    name = torch.cuda.get_device_name()
-    peak = peak_flops(name)
-    tokens = sequences * (prompt + response)
-    rows = [
-        Row(
-            "fsdp2 nccl, 1 rank",
-            size,
-            seconds,
-            "s/update",
-            note=f"{tokens:,} tokens, micro-batch 4, fully_shard per layer over one NCCL rank",
-        )
-    ]
-    if peak is None:
-        rows.append(skipped("update MFU bf16", size, f"no bf16 peak known for {name}", ">= 35%"))
-    else:
-        mfu = 100.0 * flops / seconds / peak
-        note = f"{flops / seconds / 1e12:.0f} TFLOP/s of {peak / 1e12:.0f} ({name})"
-        rows.append(judge(Row("update MFU bf16", size, mfu, "%", aim=">= 35%", note=note)))
-    return rows
-
-
+# -- two GPUs -----------------------------------------------------------------------------------------------
 def _two_rank_update(rank: int, model_dir: str, port: int, out: dict) -> None:
     import torch
+    import torch.distributed as dist
+    from trainer_rows import kuberl_trainer, update_config
+    from workloads import alternate, host_batch
+
+    from kuberl.runtime.engines.fsdp import process_group_backend
+    from kuberl.runtime.updates import update_policy
 
     torch.cuda.set_device(rank)
-    with nccl_group(rank, 2, port):
-        seconds = update_seconds(Path(model_dir), 2, 32, 256, 768, 2)
+    device = torch.device("cuda", rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(process_group_backend("cuda"), rank=rank, world_size=2)
+    try:
+        work = Workload(UPDATE.sequences // 2, UPDATE.prompt, UPDATE.response, UPDATE.micro)
+        trainer = kuberl_trainer(Path(model_dir), device)
+        batch, config = host_batch(work, 512, seed=rank), update_config(work, world_size=2)
+        (timing,) = alternate(device, 2, lambda: update_policy(trainer, batch, config))
+    finally:
+        dist.destroy_process_group()
     if rank == 0:
-        out["seconds"] = seconds
+        out["seconds"] = timing.seconds
 
 
 def two_rank_rows(model_dir: Path, size: str, gpus: int) -> list[Row]:
@@ -329,10 +276,9 @@ def two_rank_rows(model_dir: Path, size: str, gpus: int) -> list[Row]:
 
 # -- one GRPO step against TRL ------------------------------------------------------------------------------
 def grpo_rows(model_dir: Path, size: str, workdir: Path) -> list[Row]:
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        return [skipped("grpo step vs TRL", size, "TRL is not installed (pip install -e '.[bench]')", ">= 1.0x")]
+    missing = missing_modules("trl", "vllm", "ray")
+    if missing:
+        return [skipped("grpo step vs TRL", size, f"needs {', '.join(missing)}, not installed here", ">= 1.0x")]
     out = workdir / "vs_trl.json"
     command = [
         sys.executable,
@@ -381,10 +327,27 @@ def step_seconds(steps: list[dict]) -> float:
 
 
 # -- main ---------------------------------------------------------------------------------------------------
-def run(sizes: list[str], workdir: Path, repeats: int) -> list[Row]:
-    import torch
+@dataclass
+class Environment:
+    """What the trainer rows share: the vocabulary, the device's bf16 peak, and the full update's timing per model
+    (the LoRA row compares its memory with it)."""
 
-    gpus = torch.cuda.device_count()
+    vocab: int
+    peak: float | None
+    flops_per_update: Callable[[str, Workload], float]
+    full_update: dict[str, object] = field(default_factory=dict)
+
+    def update_flops(self, size: str, work: Workload) -> float:
+        return self.flops_per_update(size, work)
+
+
+def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool) -> list[Row]:
+    import torch
+    from trainer_rows import TRAINER_ITEMS, Case, process_group
+
+    cuda = torch.cuda.is_available() and not smoke
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    gpus = torch.cuda.device_count() if cuda else 0
     rows: list[Row] = []
 
     def attempt(item: str, size: str, work: Callable[[], list[Row]]) -> None:
@@ -393,41 +356,79 @@ def run(sizes: list[str], workdir: Path, repeats: int) -> list[Row]:
             rows.extend(work())
         except Exception as error:  # noqa: BLE001 - one failed item must not hide the others
             rows.append(failed(item, size, error))
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
         print(f"[{time.strftime('%H:%M:%S')}] {item} {size}: {time.perf_counter() - started:.0f} s", flush=True)
 
-    dirs = {size: build_qwen25(size, workdir / f"qwen2.5-{size}") for size in sizes}
+    configs = {size: smoke_config() if smoke else qwen25_config(size) for size in sizes}
+    dirs = {size: build_model(configs[size], workdir / f"model-{size}", str(device)) for size in sizes}
+    works = {"update": SMOKE if smoke else UPDATE, "packing": SMOKE_PACKING if smoke else PACKING}
+    env = Environment(
+        vocab=configs[sizes[0]].vocab_size,
+        peak=peak_flops(torch.cuda.get_device_name()) if cuda else None,
+        flops_per_update=lambda size, work: (
+            0.0 if smoke else update_flops(shape(size), work.sequences, work.prompt + work.response)
+        ),
+    )
+    with process_group(device):
+        for item, measure, workload in TRAINER_ITEMS:
+            size = sizes[-1] if workload == "update" else sizes[0]
+            case = Case(dirs[size], size, device, works[workload], repeats, env)
+            attempt(item, size, lambda measure=measure, case=case: measure(case))
+    vllm_reason = "vLLM is not installed here" if missing_modules("vllm") else None if cuda else NO_CUDA
     for size in sizes:
-        attempt("engine items", size, lambda size=size: engine_rows(size, dirs[size], repeats))
-    if "1.5B" in sizes:
-        attempt("update MFU", "1.5B", lambda: mfu_rows(dirs["1.5B"], "1.5B", max(2, repeats // 2)))
-    attempt("grpo step vs TRL", sizes[0], lambda: grpo_rows(dirs[sizes[0]], sizes[0], workdir))
+        if vllm_reason:
+            rows.extend(skipped(item, size, vllm_reason) for item in VLLM_ITEMS)
+        else:
+            attempt("vLLM items", size, lambda s=size: engine_rows(s, dirs[s], repeats))
+    if cuda:
+        attempt("grpo step vs TRL", sizes[0], lambda: grpo_rows(dirs[sizes[0]], sizes[0], workdir))
+    else:
+        rows.append(skipped("grpo step vs TRL", sizes[0], NO_CUDA))
     attempt("multi-GPU", sizes[-1], lambda: two_rank_rows(dirs[sizes[-1]], sizes[-1], gpus))
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_loading()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="0.5B,1.5B", help="comma-separated Qwen2.5 sizes: 0.5B, 1.5B")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path, help="where the models are built (default: a temporary folder)")
     parser.add_argument("--dry-run", action="store_true", help="no GPU work: the plan, every row skipped")
+    parser.add_argument(
+        "--smoke", action="store_true", help="every row on a tiny model on the CPU (a test of the suite)"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     sizes = [s for s in args.models.split(",") if s]
     unknown = [s for s in sizes if s not in QWEN25]
     if not sizes or unknown:
         parser.error(f"--models: unknown {unknown or 'none given'}; known: {', '.join(QWEN25)}")
+    if args.smoke:
+        sizes = [SMOKE_MODEL]
     cuda = _cuda_available()
-    if args.dry_run or not cuda:
+    if args.dry_run or not (cuda or args.smoke):
         rows = dry_run_rows(sizes, "dry run" if args.dry_run else NO_CUDA)
     else:
         with tempfile.TemporaryDirectory(prefix="kuberl-gpu-suite-") as scratch:
-            rows = run(sizes, args.workdir or Path(scratch), args.repeats)
+            rows = run(sizes, args.workdir or Path(scratch), 1 if args.smoke else args.repeats, args.smoke)
     print(format_table(rows))
     if args.json:
         args.json.write_text(json.dumps([row.__dict__ for row in rows], indent=1))
     measured = [row for row in rows if row.status != SKIPPED]
-    return 0 if not measured or all(row.status != "FAILED" for row in measured) else 1
+    return 0 if all(row.status != "FAILED" for row in measured) else 1
+
+
+def quiet_loading() -> None:
+    """No progress bar or advice per model load: the table is what this prints."""
+    try:
+        import transformers
+    except ImportError:
+        return
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
 
 
 def _cuda_available() -> bool:

@@ -1,6 +1,8 @@
 """bench/gpu: the GPU suite's parts that need no GPU — the model shapes, the FLOP count, the table, the plan —
 and the script itself, which on a machine without CUDA prints every row skipped with the reason."""
 
+import json
+import os
 import subprocess
 import sys
 
@@ -13,7 +15,7 @@ sys.path.insert(0, str(REPO / "bench" / "gpu"))
 
 import qwen  # noqa: E402
 import suite  # noqa: E402
-from table import MISSED, OK, SKIPPED, Row, format_table, judge  # noqa: E402
+from table import FAILED, MISSED, OK, SKIPPED, Row, format_table, judge  # noqa: E402
 
 
 @pytest.mark.parametrize(("size", "published"), [("0.5B", 494_032_768), ("1.5B", 1_543_714_304)])
@@ -70,3 +72,44 @@ def test_the_script_without_cuda_prints_the_plan_with_every_row_skipped_and_why(
     items = [(r.split("|")[1].strip(), r.split("|")[2].strip()) for r in rows]
     assert items == suite.planned_items(["0.5B", "1.5B"], 0)
     assert all("| skipped | no CUDA device on this machine" in r for r in rows)
+
+
+NO_VLLM_NOR_RAY = """
+import importlib.abc
+import sys
+
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    \"\"\"vLLM and Ray as on the GPU machines this project borrows: not installed.\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("vllm", "ray"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NotInstalled())
+"""
+
+
+def test_every_trainer_row_runs_without_vllm_or_ray(tmp_path) -> None:
+    """`--smoke` runs the suite on a tiny model on the CPU: every trainer row must measure (not fail, not skip)
+    with vLLM and Ray missing, as they are on the GPU machines, and every vLLM row is skipped with its reason."""
+    (tmp_path / "sitecustomize.py").write_text(NO_VLLM_NOR_RAY)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu" / "run.sh"), "--smoke", "--json", str(tmp_path / "rows.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = {row["item"]: row for row in json.loads((tmp_path / "rows.json").read_text())}
+    trainer_items = [item for item, _ in suite.trainer_items()]
+    for item, row in rows.items():
+        if item in trainer_items or item.startswith(tuple(trainer_items)):
+            assert row["status"] not in (FAILED, SKIPPED) or item == "update MFU", (item, row)
+    measured = {item for item, row in rows.items() if row["status"] not in (FAILED, SKIPPED)}
+    assert {"update", "LoRA update", "padding-free update", "critic update", "hf engine sync"} <= measured
+    assert all(rows[item]["status"] == SKIPPED for item in ("sleep/wake", "sync", "rollout"))

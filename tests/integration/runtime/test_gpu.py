@@ -1,36 +1,45 @@
-"""The GPU path (marker `gpu`): vLLM on CUDA against the trainer after a sync, sleep/wake, resume on GPU.
+"""The GPU path (marker `gpu`): the trainer, the critic, the checkpoint and the HF engine on a CUDA device, and
+where vLLM is installed the vLLM engine after a sync and its sleep/wake, and where Ray is too a resumed run.
 
-Skipped, with the reason, where no CUDA device exists (every developer machine and CI here): run them on
-a GPU machine with `pytest -m gpu`. Each uses the tiny demo model, so each takes seconds of GPU time.
+On a GPU machine: `bash bench/gpu/run.sh --tests` (it brings the source and pydantic along), or `pytest -m gpu`
+in a venv. The trainer checks are parametrized by device: the CPU case runs everywhere (every CI run holds the
+same code to the same answers); the CUDA case is skipped, with the reason, where no CUDA device exists. A check
+that needs vLLM or Ray is skipped where it is not installed (the GPU machines this project borrows have neither).
 
 Tolerances:
-- Engine vs trainer log-probs after a sync, bf16 weights on both sides: 1e-3 on the mean absolute
-  difference over the probe's tokens, 2e-2 on the largest. bf16 keeps 8 significant bits (relative
-  rounding 2^-9 ~ 2e-3 per stored value); both sides hold bit-identical bf16 weights after the sync and
-  accumulate matmuls in fp32, so what differs is the order of accumulation (vLLM's fused qkv/gate-up
-  GEMMs and its attention kernel against transformers' eager/SDPA path) and where activations are
-  rounded to bf16. Each rounding moves a logit by ~2e-3 x |logit| (~1e-2 for the tiny model's logits,
-  |logit| < 5), and a log-prob by about the difference of its token's logit error and the
-  probability-weighted mean error; these largely cancel over tokens (mean ~1e-4..1e-3), while a single
-  token can catch several roundings in the same direction (hence the 2e-2 ceiling on the maximum).
-- The fp32 probe (`rollout.verifySync` with fp32 weights, bf16 training compute) keeps CPU's 1e-4:
-  fp32 weights and fp32 scoring on both sides differ only by accumulation order (TF32 off).
+- Device against host, fp32 weights and fp32 compute: 1e-4 on the weights after an update. The GPU's matmuls
+  accumulate in another order (and TF32 is off by default for matmuls in PyTorch), so the two differ by fp32
+  rounding amplified through a few layers, not by what the update computes.
+- Engine vs trainer log-probs after a sync, bf16 weights on both sides: 1e-3 on the mean absolute difference
+  over the probe's tokens, 2e-2 on the largest. bf16 keeps 8 significant bits (relative rounding 2^-9 ~ 2e-3
+  per stored value); both sides hold bit-identical bf16 weights after the sync and accumulate matmuls in fp32,
+  so what differs is the order of accumulation (vLLM's fused qkv/gate-up GEMMs and its attention kernel
+  against transformers' eager/SDPA path) and where activations are rounded to bf16.
 These bounds are reasoned, not yet measured: no GPU was lent when they were written.
 """
 
+import contextlib
 import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
-from kuberl.runtime.driver import run_job
+from kuberl.api.spec import OptimizerSpec
+from kuberl.runtime.engines.fsdp import FSDPTrainer, process_group_backend
+from kuberl.runtime.engines.inputs import forward_input
+from kuberl.runtime.updates import UpdateConfig, update_critic, update_policy
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
+from tests.integration.runtime.test_fsdp_equivalence import CONFIG, make_batch, tiny_model
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.integration,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)"),
-]
+pytestmark = pytest.mark.integration
+NO_CUDA = "needs a CUDA device (none on this machine)"
+ON_CUDA = pytest.param(
+    "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]
+)
+DEVICES = ["cpu", ON_CUDA]
 GPU_JOB = {
     "resources.actor": {"replicas": 1, "cpus": 2, "gpus": 1},
     "rollout.engine": "vllm",
@@ -38,8 +47,138 @@ GPU_JOB = {
     "rollout.kvCacheBytes": None,
 }
 MEAN_TOLERANCE, MAX_TOLERANCE = 1e-3, 2e-2
+DEVICE_TOLERANCE = 1e-4
 
 
+def needs_cuda_and(*modules: str) -> list[Any]:
+    """Marks of a check that needs a CUDA device and `modules` (each skipped with its reason where missing)."""
+    import importlib.util
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    return [
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA),
+        pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}, not installed here"),
+    ]
+
+
+@contextlib.contextmanager
+def one_rank(device: torch.device) -> Iterator[None]:
+    """A process group of one rank, with the backend the model worker gives it (gloo beside NCCL on a GPU). A file
+    rendezvous, not a TCP port: a port picked free can be taken by the time the group binds it."""
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory(prefix="kuberl-rendezvous-") as folder:
+        rendezvous = f"file://{folder}/rendezvous"
+        dist.init_process_group(process_group_backend(device.type), init_method=rendezvous, rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def trainer_on(device: torch.device, model: torch.nn.Module | None = None) -> FSDPTrainer:
+    return FSDPTrainer(
+        model if model is not None else tiny_model(),
+        world_size=1,
+        device=device,
+        optim=OptimizerSpec(lr=1e-2, grad_clip=1.0),
+        total_steps=10,
+    )
+
+
+def weights(trainer: FSDPTrainer) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().cpu() for name, tensor in trainer.full_tensors()}
+
+
+def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[name] - b[name]).abs().max()) for name in a)
+
+
+# -- the trainer: on the device, the same answers as on the host ----------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_policy_update_on_the_device_equals_the_update_on_the_host(device: str) -> None:
+    """GRPO's update with every input a loss reads (old and reference log-probs, k3 KL in the loss, entropy, two
+    mini-batches of two micro-batches): on a GPU each came from the host in one move, and the losses ran there."""
+    config = UpdateConfig(world_size=1, kl_in_loss_coef=0.1, kl_estimator="k3", entropy_coef=0.01, **CONFIG)
+
+    def updated(on: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        batch = make_batch()
+        batch.ref_logprobs = batch.old_logprobs * 0.9
+        with one_rank(on):
+            trainer = trainer_on(on)
+            metrics = update_policy(trainer, batch, config)
+            return weights(trainer), metrics
+
+    host, host_metrics = updated(torch.device("cpu"))
+    there, metrics = updated(torch.device(device))
+    assert largest_difference(host, there) < DEVICE_TOLERANCE
+    assert largest_difference(host, {n: p.detach() for n, p in tiny_model().named_parameters()}) > 1e-3  # trained
+    assert metrics["actor/kl_loss"] == pytest.approx(host_metrics["actor/kl_loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_critic_update_on_the_device_equals_the_update_on_the_host(device: str) -> None:
+    from transformers import Qwen2ForTokenClassification
+
+    def updated(on: torch.device) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        config = tiny_model().config
+        config.num_labels = 1
+        batch = make_batch()
+        batch.values = batch.advantages * 0.5
+        batch.returns = batch.advantages + batch.values
+        with one_rank(on):
+            trainer = trainer_on(on, Qwen2ForTokenClassification(config).float())
+            update_critic(trainer, batch, UpdateConfig(world_size=1, value_clip=0.2, **CONFIG))
+            return weights(trainer)
+
+    assert largest_difference(updated(torch.device("cpu")), updated(torch.device(device))) < DEVICE_TOLERANCE
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_checkpoint_saved_on_the_device_loads_every_weight_back(device: str, tmp_path) -> None:
+    from kuberl.runtime.checkpoint.state import load_trainer_state, save_trainer_state
+
+    on = torch.device(device)
+    with one_rank(on):
+        trainer, restored = trainer_on(on), trainer_on(on)
+        update_policy(trainer, make_batch(), UpdateConfig(world_size=1, **CONFIG))
+        save_trainer_state(trainer, str(tmp_path / "dcp"), "actor", 0)
+        load_trainer_state(restored, str(tmp_path / "dcp"), "actor", 0)
+        assert largest_difference(weights(trainer), weights(restored)) == 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_hf_engine_samples_on_the_device_replays_and_scores_as_the_trainer(device: str) -> None:
+    """The engine draws from a generator on its own device (a CPU one fails on a GPU), a seed replays, and after a
+    sync from the trainer's full tensors the engine's log-probs are the trainer's (fp32 both)."""
+    from types import SimpleNamespace
+
+    from kuberl.runtime.engines.base import SamplingParams
+    from kuberl.runtime.engines.hf import HFRolloutEngine
+
+    on = torch.device(device)
+    tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=1, decode=lambda ids, **_: " ".join(map(str, ids)))
+    engine = HFRolloutEngine(tiny_model().to(on), tokenizer, on)
+    with one_rank(on):
+        trainer = trainer_on(on)
+        update_policy(trainer, make_batch(), UpdateConfig(world_size=1, **CONFIG))  # a policy the engine lacks
+        engine.load_weights(trainer.full_tensors())
+        params = SamplingParams(temperature=1.0, max_new_tokens=6, n=2, seed=7)
+        prompts = [[5, 6, 7], [8, 9]]
+        first, again = engine.generate(prompts, params), engine.generate(prompts, params)
+        assert [[g.token_ids for g in gens] for gens in first] == [[g.token_ids for g in gens] for gens in again]
+        generation = first[0][0]
+        batch = make_batch().select([0])
+        batch.prompt_ids, batch.prompt_mask = torch.tensor([prompts[0]]), torch.ones(1, 3, dtype=torch.long)
+        batch.response_ids = torch.tensor([generation.token_ids])
+        batch.response_mask = torch.ones(1, len(generation.token_ids))
+        scored = trainer.logprobs(forward_input(batch), 1.0, 1, full_precision=True)[0]
+    torch.testing.assert_close(scored, torch.tensor(generation.logprobs), atol=1e-4, rtol=0)
+
+
+# -- vLLM on CUDA -------------------------------------------------------------------------------------------
 @pytest.fixture
 def cuda_demo(tmp_path):
     from kuberl.runtime.models.resolve import resolve_model_path
@@ -47,7 +186,8 @@ def cuda_demo(tmp_path):
     return resolve_model_path("tiny://demo", tmp_path / "cache", "spec.models.actor.path")
 
 
-def test_engine_reproduces_the_trainer_after_a_sync_in_bf16(tmp_path, cuda_demo) -> None:
+@pytest.mark.parametrize("_", [pytest.param(None, marks=needs_cuda_and("vllm"))])
+def test_engine_reproduces_the_trainer_after_a_sync_in_bf16(_, tmp_path, cuda_demo) -> None:
     from transformers import AutoModelForCausalLM
 
     from kuberl.runtime.engines.vllm import VLLMRolloutEngine
@@ -73,28 +213,37 @@ def test_engine_reproduces_the_trainer_after_a_sync_in_bf16(tmp_path, cuda_demo)
         engine.shutdown()
 
 
-def test_sleep_frees_the_kv_cache_and_wake_up_generates_again(cuda_demo) -> None:
+@pytest.mark.parametrize("level", [pytest.param(level, marks=needs_cuda_and("vllm")) for level in (1, 2)])
+def test_sleep_frees_the_engines_memory_and_a_sync_after_waking_generates_again(level: int, cuda_demo) -> None:
+    """The colocated step's order: sleep, wake the weights, write them (level 2 dropped them), wake the KV cache."""
+    from transformers import AutoModelForCausalLM
+
     from kuberl.runtime.engines.base import SamplingParams
     from kuberl.runtime.engines.vllm import VLLMRolloutEngine
 
     spec = demo_job(**GPU_JOB).spec
-    engine = VLLMRolloutEngine.create(spec, str(cuda_demo), torch.device("cuda", 0))
+    cuda = torch.device("cuda", 0)
+    engine = VLLMRolloutEngine.create(spec, str(cuda_demo), cuda)
     try:
         params = SamplingParams(max_new_tokens=8, seed=3)
         before_tokens = engine.generate([[20, 21, 22]], params)[0][0].token_ids
-        free_before = torch.cuda.mem_get_info()[0]
-        engine.sleep()
-        freed = torch.cuda.mem_get_info()[0] - free_before
+        freed = engine.sleep(level)
         total = torch.cuda.mem_get_info()[1]
         # gpuMemoryUtilization 0.3 reserves ~30% of the GPU, nearly all of it KV cache for a 1M model
         assert freed > 0.2 * total, f"sleep freed {freed / 2**30:.2f} GiB of {total / 2**30:.0f}"
-        engine.wake_up()
+        engine.wake_up(("weights",))
+        model = AutoModelForCausalLM.from_pretrained(cuda_demo, dtype=torch.float32)
+        engine.load_weights((name, p.detach().to(cuda)) for name, p in model.named_parameters())
+        engine.wake_up(("kv_cache",))
         assert engine.generate([[20, 21, 22]], params)[0][0].token_ids == before_tokens
     finally:
         engine.shutdown()
 
 
-def test_a_run_resumed_on_gpu_is_bit_identical(ray_session, tmp_path) -> None:
+@pytest.mark.parametrize("_", [pytest.param(None, marks=needs_cuda_and("vllm", "ray"))])
+def test_a_run_resumed_on_gpu_is_bit_identical(_, ray_session, tmp_path) -> None:
+    from kuberl.runtime.driver import run_job
+
     def job():
         return demo_job(
             **GPU_JOB,

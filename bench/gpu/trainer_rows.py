@@ -1,0 +1,317 @@
+"""The GPU suite's trainer rows: kuberl's update and its variants against baselines measured in the same run.
+
+One process, one rank, and neither vLLM nor Ray: the GPU machines this project borrows have torch,
+transformers and peft only. Each row times kuberl and its baseline on the same batch, alternating, best of
+`repeats` after a warm-up (workloads.alternate):
+
+- update: `update_policy` (on-policy GRPO loss, token mean, bf16 compute) against plain PyTorch (plain.py:
+  fp32 weights under bf16 autocast, fused AdamW, the same loss). Aim <= 1.0x; MFU of both in the note.
+- LoRA update: kuberl's LoRA (r16, all-linear) against plain PEFT over a bf16 frozen base. Aim <= 1.1x; and
+  its peak memory against kuberl's full update, aim <= 0.5x.
+- padding-free: the padded update against the packed one (training.paddingFree) on a batch about half padding;
+  ratio = padded / packed, aim >= 1.4x; the note gives how far the two forwards' log-probs are apart.
+- offload: the update with models.actor.offload against the same on the device: time aim <= 2.0x, and peak
+  memory aim <= 0.7x.
+- critic update: `update_critic` on a value head, against the actor's update on the same batch.
+- KL in the loss: the update with k3 KL in the loss against the same without. Aim <= 1.1x.
+- reference log-probs: `FSDPTrainer.logprobs` against a plain no-grad forward. Aim <= 1.1x.
+- checkpoint: a DCP save and load of the trainer (weights and AdamW state) against torch.save and torch.load of
+  the same state dicts; FAILED if a loaded weight differs from the saved one.
+- hf engine: the weight sync from `full_tensors` into the HF engine against a device-to-device copy (<= 1.5x),
+  the tokens per second of its `generate`, and the device memory its sleep frees.
+"""
+
+import contextlib
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from plain import PlainUpdate, peft_model, plain_logprobs
+from table import FAILED, OK, Row, judge, skipped
+from workloads import GIB, Workload, alternate, gib, host_batch
+
+LORA_RANK, LORA_ALPHA = 16, 32
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a trainer row measures on: a model, its device, the batch's shape, the repeats, and what rows share."""
+
+    model_dir: Path
+    size: str  # 0.5B, 1.5B, or smoke
+    device: torch.device
+    work: Workload
+    repeats: int
+    env: Any  # suite.Environment
+
+    def batch(self, seed: int = 0) -> Any:
+        return host_batch(self.work, self.env.vocab, seed)
+
+    def trainer(self, **options: Any) -> Any:
+        return kuberl_trainer(self.model_dir, self.device, **options)
+
+    def alternate(self, *works: Any) -> list[Any]:
+        return alternate(self.device, self.repeats, *works)
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device) -> Iterator[None]:
+    """A one-rank process group as the model worker makes it (`process_group_backend`: gloo beside NCCL)."""
+    import torch.distributed as dist
+
+    from kuberl.runtime.engines.fsdp import process_group_backend
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(process_group_backend(device.type), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def kuberl_trainer(model_dir: Path, device: torch.device, *, critic: bool = False, **options: Any) -> Any:
+    """An FSDPTrainer as the model worker builds the actor (fp32 weights, bf16 compute on a GPU, AdamW)."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from kuberl.api.spec import LoRASpec, OptimizerSpec
+    from kuberl.runtime.engines.fsdp import FSDPTrainer
+
+    torch.manual_seed(0)
+    if critic:
+        model = AutoModelForTokenClassification.from_pretrained(model_dir, dtype=torch.float32, num_labels=1)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if options.pop("lora", False):
+        from kuberl.runtime.models.lora import apply_lora
+
+        model = apply_lora(model, LoRASpec.model_validate({"rank": LORA_RANK, "alpha": LORA_ALPHA}))
+    optim = OptimizerSpec.model_validate({"lr": 1e-6, "gradClip": 1.0}) if options.pop("optimizer", True) else None
+    compute = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return FSDPTrainer(
+        model, world_size=1, device=device, optim=optim, total_steps=1000, compute_dtype=compute, **options
+    )
+
+
+def update_config(work: Workload, **changes: Any) -> Any:
+    """The GRPO update of the demo's recipe on one rank: one epoch, one mini-batch, on-policy, token mean."""
+    from kuberl.runtime.updates import UpdateConfig
+
+    settings: dict[str, Any] = {
+        "ppo_epochs": 1,
+        "mini_batches": 1,
+        "micro_batch_size": work.micro,
+        "world_size": 1,
+        "temperature": 1.0,
+        "aggregation": "token_mean",
+        "max_response_length": work.response,
+        "policy_loss": "ppo_clip",
+        "on_policy": True,
+    }
+    return UpdateConfig(**{**settings, **changes})
+
+
+def updating(trainer: Any, batch: Any, config: Any) -> Any:
+    """A work for `alternate`: one kuberl update of `trainer` on `batch`."""
+    from kuberl.runtime.updates import update_policy
+
+    def work() -> None:
+        update_policy(trainer, batch, config)
+
+    return work
+
+
+def mfu(flops: float, seconds: float, peak: float | None) -> str:
+    return "" if peak is None else f"{100.0 * flops / seconds / peak:.1f}% MFU"
+
+
+def update_rows(case: Case) -> list[Row]:
+    from transformers import AutoModelForCausalLM
+
+    trainer, batch, work = case.trainer(), case.batch(), case.work
+    plain = PlainUpdate(
+        AutoModelForCausalLM.from_pretrained(case.model_dir, dtype=torch.float32), case.device, work.micro
+    )
+    kuberl, baseline = case.alternate(updating(trainer, batch, update_config(work)), lambda: plain(batch))
+    case.env.full_update[case.size] = kuberl
+    shape_note = f"{work.sequences} x {work.prompt + work.response} tokens, micro-batch {work.micro}"
+    memory = f"peak {gib(kuberl.peak_bytes)}, plain {gib(baseline.peak_bytes)}"
+    rows = [
+        judge(Row("update", case.size, kuberl.seconds, "s", baseline.seconds, "plain s", "<= 1.0x", note=shape_note))
+    ]
+    flops, peak = case.env.update_flops(case.size, work), case.env.peak
+    if peak is None:
+        rows.append(skipped("update MFU", case.size, f"no bf16 peak known for this device; {memory}", ">= 30%"))
+    else:
+        value, plain_mfu = 100.0 * flops / kuberl.seconds / peak, 100.0 * flops / baseline.seconds / peak
+        note = f"plain PyTorch {plain_mfu:.1f}%; {memory}"
+        rows.append(judge(Row("update MFU", case.size, value, "%", aim=">= 30%", note=note)))
+    return rows
+
+
+def lora_rows(case: Case) -> list[Row]:
+    trainer, batch, work = case.trainer(lora=True), case.batch(), case.work
+    plain = PlainUpdate(peft_model(case.model_dir, case.device, LORA_RANK, LORA_ALPHA), case.device, work.micro)
+    kuberl, baseline = case.alternate(updating(trainer, batch, update_config(work)), lambda: plain(batch))
+    note = f"r{LORA_RANK} all-linear; peak {gib(kuberl.peak_bytes)}, PEFT over a bf16 base {gib(baseline.peak_bytes)}"
+    rows = [judge(Row("LoRA update", case.size, kuberl.seconds, "s", baseline.seconds, "PEFT s", "<= 1.1x", note=note))]
+    full = case.env.full_update.get(case.size)
+    if full is not None and full.peak_bytes and kuberl.peak_bytes:
+        peak, full_peak = kuberl.peak_bytes / GIB, full.peak_bytes / GIB
+        rows.append(judge(Row("LoRA peak memory", case.size, peak, "GiB", full_peak, "full update GiB", "<= 0.5x")))
+    return rows
+
+
+def packing_rows(case: Case) -> list[Row]:
+    from kuberl.runtime.engines.inputs import forward_input
+
+    padded, packed, batch = case.trainer(), case.trainer(padding_free=True), case.batch()
+    micro = case.work.micro
+    fwd, mask = forward_input(batch), batch.response_mask.bool()
+    apart = float((padded.logprobs(fwd, 1.0, micro) - packed.logprobs(fwd, 1.0, micro))[mask].abs().max())
+    config = update_config(case.work)
+    slow, fast = case.alternate(updating(padded, batch, config), updating(packed, batch, config))
+    note = f"{100 * float(batch.attention_mask.float().mean()):.0f}% real tokens; log-probs at most {apart:.2g} apart"
+    row = Row(
+        "padding-free update", case.size, slow.seconds, "s padded", fast.seconds, "packed s", ">= 1.4x", note=note
+    )
+    return [judge(row)]
+
+
+def offload_rows(case: Case) -> list[Row]:
+    on_device, offloaded, batch = case.trainer(), case.trainer(offload=True), case.batch()
+    config = update_config(case.work)
+    slow, fast = case.alternate(updating(offloaded, batch, config), updating(on_device, batch, config))
+    rows = [judge(Row("offload update", case.size, slow.seconds, "s", fast.seconds, "on-device s", "<= 2.0x"))]
+    if slow.peak_bytes and fast.peak_bytes:
+        peak, device_peak = slow.peak_bytes / GIB, fast.peak_bytes / GIB
+        rows.append(judge(Row("offload peak memory", case.size, peak, "GiB", device_peak, "on-device GiB", "<= 0.7x")))
+    return rows
+
+
+def critic_rows(case: Case) -> list[Row]:
+    from kuberl.runtime.updates import update_critic
+
+    critic, actor, batch = case.trainer(critic=True), case.trainer(), case.batch()
+    config = update_config(case.work, value_clip=0.2)
+    value, baseline = case.alternate(lambda: update_critic(critic, batch, config), updating(actor, batch, config))
+    note = f"value head; peak {gib(value.peak_bytes)}"
+    return [Row("critic update", case.size, value.seconds, "s", baseline.seconds, "actor update s", note=note)]
+
+
+def kl_rows(case: Case) -> list[Row]:
+    with_kl, without, batch = case.trainer(), case.trainer(), case.batch()
+    kl_config = update_config(case.work, kl_in_loss_coef=0.001, kl_estimator="k3")
+    kl, baseline = case.alternate(
+        updating(with_kl, batch, kl_config), updating(without, batch, update_config(case.work))
+    )
+    return [judge(Row("KL in the loss (k3)", case.size, kl.seconds, "s", baseline.seconds, "without KL s", "<= 1.1x"))]
+
+
+def reference_rows(case: Case) -> list[Row]:
+    from transformers import AutoModelForCausalLM
+
+    from kuberl.runtime.engines.inputs import forward_input
+
+    reference, batch, micro = case.trainer(optimizer=False), case.batch(), case.work.micro
+    model = AutoModelForCausalLM.from_pretrained(case.model_dir, dtype=torch.float32).to(case.device)
+    fwd = forward_input(batch)
+    kuberl, baseline = case.alternate(
+        lambda: reference.logprobs(fwd, 1.0, micro), lambda: plain_logprobs(model, batch, case.device, micro).cpu()
+    )
+    row = Row("reference log-probs", case.size, kuberl.seconds, "s", baseline.seconds, "plain s", "<= 1.1x")
+    return [judge(row)]
+
+
+def checkpoint_rows(case: Case) -> list[Row]:
+    from kuberl.runtime.checkpoint.state import load_trainer_state, save_trainer_state
+    from kuberl.runtime.updates import update_policy
+
+    trainer, restored = case.trainer(), case.trainer()
+    update_policy(trainer, case.batch(), update_config(case.work))  # AdamW state to save
+    assert trainer.optimizer is not None
+    with tempfile.TemporaryDirectory(prefix="kuberl-gpu-checkpoint-") as scratch:
+        location, path = str(Path(scratch) / "dcp"), Path(scratch) / "plain.pt"
+        started = time.perf_counter()
+        save_trainer_state(trainer, location, "actor", 0)
+        load_trainer_state(restored, location, "actor", 0)
+        dcp_seconds = time.perf_counter() - started
+        saved = dict(trainer.full_tensors())
+        differs = [name for name, tensor in restored.full_tensors() if not torch.equal(tensor, saved[name])]
+        started = time.perf_counter()
+        torch.save({"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()}, path)
+        torch.load(path, map_location=case.device, weights_only=True)
+        plain_seconds = time.perf_counter() - started
+    note = f"{len(differs)} weights differ after the load" if differs else "every weight equal after the load"
+    row = Row("checkpoint save + load", case.size, dcp_seconds, "s", plain_seconds, "torch.save + load s", note=note)
+    row.status = FAILED if differs else OK
+    return [row]
+
+
+def hf_engine_rows(case: Case) -> list[Row]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kuberl.runtime.engines.base import SamplingParams
+    from kuberl.runtime.engines.hf import HFRolloutEngine
+
+    device, work = case.device, case.work
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(case.model_dir, dtype=dtype).to(device)
+    engine = HFRolloutEngine(model, AutoTokenizer.from_pretrained(case.model_dir), device)
+    trainer = case.trainer(optimizer=False)
+    tensors = [(name, tensor.to(dtype)) for name, tensor in trainer.full_tensors()]
+    targets = [torch.empty_like(tensor) for _, tensor in tensors]
+
+    def floor() -> None:
+        for target, (_, tensor) in zip(targets, tensors, strict=True):
+            target.copy_(tensor)
+
+    sync, copy = case.alternate(lambda: engine.load_weights(trainer.full_tensors()), floor)
+    size = gib(sum(tensor.numel() * tensor.element_size() for _, tensor in tensors))
+    rows = [
+        judge(Row("hf engine sync", case.size, sync.seconds, "s", copy.seconds, "d2d copy s", "<= 1.5x", note=size))
+    ]
+    tensors.clear()
+    targets.clear()
+
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 500, (work.prompt,), generator=generator).tolist() for _ in range(work.sequences // 2)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=max(4, work.response // 4), n=2, seed=1)
+    made: dict[str, int] = {}
+
+    def generate() -> None:
+        made["tokens"] = sum(len(g.token_ids) for gens in engine.generate(prompts, params) for g in gens)
+
+    (timing,) = alternate(device, max(1, case.repeats // 2), generate)
+    note = f"{len(prompts)} prompts x 2 samples, {made['tokens']} tokens"
+    rows.append(Row("hf engine generate", case.size, made["tokens"] / timing.seconds, "tok/s", note=note))
+
+    freed = engine.sleep(2)
+    engine.wake_up()
+    woke = bool(engine.generate(prompts[:1], SamplingParams(max_new_tokens=4, seed=1))[0][0].token_ids)
+    row = Row("hf engine sleep", case.size, freed / GIB, "GiB freed", note="the weights go to the host while asleep")
+    row.status = OK if woke and (freed > 0 or device.type != "cuda") else FAILED
+    rows.append(row)
+    return rows
+
+
+#: (item, the function that measures it, the workload it trains on, full size / smoke size)
+TRAINER_ITEMS = (
+    ("update", update_rows, "update"),
+    ("LoRA update", lora_rows, "update"),
+    ("padding-free update", packing_rows, "packing"),
+    ("offload update", offload_rows, "packing"),
+    ("critic update", critic_rows, "packing"),
+    ("KL in the loss (k3)", kl_rows, "packing"),
+    ("reference log-probs", reference_rows, "update"),
+    ("checkpoint save + load", checkpoint_rows, "packing"),
+    ("hf engine", hf_engine_rows, "packing"),
+)
