@@ -22,6 +22,18 @@ SPEC_KEY = "rljob.yaml"
 SPEC_PATH = f"{SPEC_MOUNT_DIR}/{SPEC_KEY}"
 #: Where spec.checkpoint.pvcClaimName is mounted in every pod; without checkpoint.uri the runtime saves there.
 CHECKPOINT_MOUNT_DIR = "/checkpoints"
+
+
+def job_folder_on_claim(namespace: str | None, name: str) -> str:
+    """`<claim mount>/<namespace>/<name>`: one RLJob's folder on a checkpoint claim, which jobs may share (RWX).
+    The runtime keeps the job's checkpoints (`checkpoints/`), its exported model (`model/`) and its outputs there.
+
+    >>> job_folder_on_claim("team-a", "grpo"), job_folder_on_claim(None, "grpo")
+    ('/checkpoints/team-a/grpo', '/checkpoints/default/grpo')
+    """
+    return f"{CHECKPOINT_MOUNT_DIR}/{namespace or 'default'}/{name}"
+
+
 #: kuberl's runtime images carry files of their own here (the CPU image: the examples' prompts under
 #: examples/data); a path under it is on every pod of a job that runs one of them.
 IMAGE_FILES_DIR = "/opt/kuberl"
@@ -99,8 +111,12 @@ def ray_resource(pool: str) -> str:
 UNITS_PER_ACTOR = 1
 
 
-# -- exit codes of the runtime (the operator's decisions read them from the RayJob) ---------------------
+# -- exit codes of the runtime ------------------------------------------------------------------------------
 class ExitCode(IntEnum):
+    """How `python -m kuberl.runtime` (the RayJob's entrypoint) and `kuberl run` end. A user or a script reads them;
+    the operator does not: KubeRay reports an entrypoint that failed as FAILED without its code, so the operator
+    learns of a configuration error from the runtime's report (`<job>-progress`), which it validates."""
+
     SUCCESS = 0
     #: The job cannot run as specified (the message names the field or file): restarting will not help.
     CONFIG_ERROR = 1

@@ -1,7 +1,7 @@
 """`spec.rollout.engineArgs`: the vLLM engine arguments a job may pass through, checked without importing vLLM.
 
 The api layer may not import vLLM, so the arguments it accepts are an allow-list here, each with its
-type; a runtime test (tests/unit/runtime/test_engine_args.py) holds every name to vLLM's `EngineArgs`.
+type; a runtime test (tests/unit/runtime/engines/test_engine_args.py) holds every name to vLLM's `EngineArgs`.
 verl passes `rollout.engine_kwargs.vllm` through unchecked, so a misspelled key there surfaces as a
 vLLM error at start-up (or not at all); here it is refused at `kuberl validate`, with a did-you-mean.
 """

@@ -4,9 +4,9 @@ On a cluster every pool is a pod of its own (api/topology.py), and a path names 
 that mount the volume holding it. `local_reads(spec)` lists every local path the spec names (a model folder,
 a tokenizer, a data file or directory, a reward file) with the pools whose pods open it, as the runtime does:
 
-- the head runs the driver (runtime/plan.py `make_plan`): it reads the actor's config and tokenizer, checks
+- the head runs the driver (runtime/loop/plan.py `make_plan`): it reads the actor's config and tokenizer, checks
   every other model location the spec names, loads the data, and checks the reward file;
-- each model group (runtime/workers/launch.py, model_worker.py) loads the model of every role it hosts (the
+- each model group (runtime/pools/launch.py, model_worker.py) loads the model of every role it hosts (the
   rollout engine starts from the actor's weights; the reference and the critic default to them) and the
   actor's tokenizer; a separate rollout pool does the same for the actor;
 - the reward workers load the reward model or the reward file (on the head without a reward pool).

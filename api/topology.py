@@ -5,7 +5,7 @@
     topology.groups   # the sets of Ray actors the runtime starts, each pinned to one pool
 
 The operator renders the head and a worker group from each pool (operator/builders.py). The runtime
-starts each group's actors asking for its pool's resource (runtime/workers/launch.py, group.py,
+starts each group's actors asking for its pool's resource (runtime/pools/launch.py, group.py,
 rewards/pool.py), and a local `kuberl run` starts a Ray that offers what every pool offers at its
 largest, so an actor is placed by the same rule on one machine as on a cluster. A seam test builds
 the RayJob of every example and checks, from that object alone, that every actor fits

@@ -72,7 +72,7 @@ def main() -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    from kuberl.runtime.workers.launch import shared_ray_resources
+    from kuberl.runtime.pools.launch import shared_ray_resources
 
     ray.init(num_cpus=4, resources=shared_ray_resources(), include_dashboard=False, log_to_driver=False)
     address = ray.get_runtime_context().gcs_address

@@ -26,7 +26,7 @@ from kuberl.runtime.algorithms.losses import PolicyLossConfig
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.engines.inputs import forward_input
-from kuberl.runtime.updates import UpdateConfig, update_policy
+from kuberl.runtime.engines.updates import UpdateConfig, update_policy
 
 PROMPT_WIDTH, VOCAB = 64, 8192
 

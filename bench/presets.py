@@ -61,7 +61,7 @@ def main() -> int:
 
     from kuberl.api import parse_rljob
     from kuberl.runtime.driver import run_job
-    from kuberl.runtime.workers.launch import shared_ray_resources
+    from kuberl.runtime.pools.launch import shared_ray_resources
 
     ray.init(
         num_cpus=4,

@@ -37,8 +37,8 @@ def burst(n: int) -> tuple[list[str], list[str], list[dict[str, Any]]]:
 def run_burst(name: str, low: int, high: int, replicas: int, args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from kuberl.api.resources import RoleResources
     from kuberl.api.topology import reward_group
-    from kuberl.runtime.autoscale import ScalePolicy
-    from kuberl.runtime.rewards.pool import RewardPool
+    from kuberl.runtime.pools.autoscale import ScalePolicy
+    from kuberl.runtime.pools.reward import RewardPool
 
     resources = RoleResources(replicas=replicas, minReplicas=low, maxReplicas=high, cpus=args.cpus)
     policy = ScalePolicy(target_wait_s=args.target_wait, idle_release_s=args.idle_release, start_timeout_s=120)
@@ -77,7 +77,7 @@ def main() -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
-    from kuberl.runtime.workers.launch import shared_ray_resources
+    from kuberl.runtime.pools.launch import shared_ray_resources
 
     module_dir = Path(tempfile.mkdtemp(prefix="kuberl-bench-"))
     (module_dir / f"{REWARD_MODULE}.py").write_text(REWARD_SOURCE.format(seconds=args.seconds_per_sample))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from kuberl.runtime.telemetry import STAGES  # every stage of the loop, in order (sleep included)
+from kuberl.runtime.report.telemetry import STAGES  # every stage of the loop, in order (sleep included)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -242,9 +242,9 @@ def run_kuberl_child(work: Workload, config: Config) -> ChildResult:
     os.environ["RAY_worker_niceness"] = "0"  # adaptation 5
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from kuberl.api import parse_rljob
-    from kuberl.runtime import controller as controller_module
-    from kuberl.runtime.async_rollout import AsyncController
     from kuberl.runtime.driver import run_job
+    from kuberl.runtime.loop import controller as controller_module
+    from kuberl.runtime.loop.async_controller import AsyncController
 
     ends: list[tuple[float, float, float]] = []  # (start, end, tree CPU seconds at the end) per step
     inner_step = controller_module.Controller.step

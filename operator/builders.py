@@ -40,7 +40,7 @@ from kuberl.api.topology import HEAD_POOL, Pool, plan_topology
 from kuberl.operator import names
 from kuberl.operator.pods import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT, container_resources, merge
 
-#: The runtime's Prometheus metrics on the Ray head (the driver serves /metrics; runtime/telemetry.py).
+#: The runtime's Prometheus metrics on the Ray head (the driver serves /metrics; runtime/report/telemetry.py).
 METRICS_PORT = 9464
 METRICS_PORT_NAME = "kuberl-metrics"
 #: Ports of the Ray head (KubeRay's defaults, spelled out) and the runtime's metrics.

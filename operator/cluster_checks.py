@@ -15,7 +15,7 @@ follow, and a local run cannot see either:
 The webhook refuses a job with storage problems: no image or template can make it resume. It admits one with
 unreachable paths with a warning per path (kubectl prints them): an image of the user's own may carry models
 and data anywhere, which no check of the manifest can see; the runtime then stops at start-up naming the field
-(runtime/plan.py). `kuberl validate --cluster` reports both as errors, for CI over the manifests one applies
+(runtime/loop/plan.py). `kuberl validate --cluster` reports both as errors, for CI over the manifests one applies
 with kuberl's images.
 
 Pure functions of the parsed job; the pods are read from a RayJob built by builders.build_rayjob.

@@ -109,12 +109,13 @@ class RunHealth:
 
     @staticmethod
     def from_spec(spec: RLJobSpec) -> "RunHealth":
+        assert spec.algorithm.group_size is not None  # the API fills it from the algorithm's preset
         return RunHealth(
             NonFiniteSteps(spec.training.max_non_finite_steps),
             RewardFailures(
                 spec.reward.max_failure_fraction,
                 spec.reward.failure_window_steps,
-                spec.data.batch_size * (spec.algorithm.group_size or 1),
+                spec.data.batch_size * spec.algorithm.group_size,
                 reward_name(spec.reward),
             ),
         )

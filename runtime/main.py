@@ -19,7 +19,8 @@ from kuberl.api.contract import ExitCode, RuntimeArgs, parse_runtime_args
 
 
 def run_from_cli(args: RuntimeArgs) -> int:
-    from kuberl.runtime.driver import CONFIGURATION_ERRORS, Preempted, default_output_dir, run_job
+    from kuberl.runtime.checkpoint.locations import default_output_dir
+    from kuberl.runtime.driver import CONFIGURATION_ERRORS, Preempted, run_job
     from kuberl.runtime.health import JobFailed
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -78,7 +79,7 @@ def learning_summary(history: list[dict[str, Any]], max_new_tokens: int) -> list
     response length     8.0 -> 4.0     tokens (limit 12)
     KL to reference   0.000 -> 0.600   nats per token (at most 0.700)
     """
-    from kuberl.runtime.telemetry import KL_MEAN, RESPONSE_LENGTH_MEAN, REWARD_MEAN
+    from kuberl.runtime.report.telemetry import KL_MEAN, RESPONSE_LENGTH_MEAN, REWARD_MEAN
 
     last = history[-max(1, min(SUMMARY_STEPS, len(history) - 1)) :]
 

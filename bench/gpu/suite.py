@@ -238,7 +238,7 @@ def _two_rank_update(rank: int, model_dir: str, port: int, out: dict) -> None:
     from workloads import alternate, host_batch
 
     from kuberl.runtime.engines.fsdp import process_group_backend
-    from kuberl.runtime.updates import update_policy
+    from kuberl.runtime.engines.updates import update_policy
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)

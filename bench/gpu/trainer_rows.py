@@ -103,7 +103,7 @@ def kuberl_trainer(model_dir: Path, device: torch.device, *, critic: bool = Fals
 
 def update_config(work: Workload, **changes: Any) -> Any:
     """The GRPO update of the demo's recipe on one rank: one epoch, one mini-batch, on-policy, token mean."""
-    from kuberl.runtime.updates import UpdateConfig
+    from kuberl.runtime.engines.updates import UpdateConfig
 
     settings: dict[str, Any] = {
         "ppo_epochs": 1,
@@ -121,7 +121,7 @@ def update_config(work: Workload, **changes: Any) -> Any:
 
 def updating(trainer: Any, batch: Any, config: Any) -> Any:
     """A work for `alternate`: one kuberl update of `trainer` on `batch`."""
-    from kuberl.runtime.updates import update_policy
+    from kuberl.runtime.engines.updates import update_policy
 
     def work() -> None:
         update_policy(trainer, batch, config)
@@ -198,7 +198,7 @@ def offload_rows(case: Case) -> list[Row]:
 
 
 def critic_rows(case: Case) -> list[Row]:
-    from kuberl.runtime.updates import update_critic
+    from kuberl.runtime.engines.updates import update_critic
 
     critic, actor, batch = case.trainer(critic=True), case.trainer(), case.batch()
     config = update_config(case.work, value_clip=0.2)
@@ -233,7 +233,7 @@ def reference_rows(case: Case) -> list[Row]:
 
 def checkpoint_rows(case: Case) -> list[Row]:
     from kuberl.runtime.checkpoint.state import load_trainer_state, save_trainer_state
-    from kuberl.runtime.updates import update_policy
+    from kuberl.runtime.engines.updates import update_policy
 
     trainer, restored = case.trainer(), case.trainer()
     update_policy(trainer, case.batch(), update_config(case.work))  # AdamW state to save

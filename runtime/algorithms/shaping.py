@@ -15,6 +15,7 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer_length: int, p
 
     Budget 20 tokens, buffer 4: a response of 16 tokens or fewer gets 0, 18 gets -0.5, 20 gets -1.
 
+    >>> import torch
     >>> overlong_penalty(torch.tensor([10, 16, 18, 20]), max_new_tokens=20, buffer_length=4, penalty_factor=1.0)
     tensor([ 0.0000,  0.0000, -0.5000, -1.0000])
     """

@@ -12,7 +12,7 @@ further. That never leaves a pass empty: ranks hold equal numbers of rows (the c
 out so), and no rank needs more passes than it has rows.
 
 How the rows are cut never changes what an update computes: the denominators of each micro-batch's
-loss are the counts of the whole mini-batch (runtime/updates.py), so the gradients summed over the
+loss are the counts of the whole mini-batch (runtime/engines/updates.py), so the gradients summed over the
 passes are those of the mini-batch however it was cut.
 """
 

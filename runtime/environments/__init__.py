@@ -6,8 +6,9 @@
     tool_formats.py  reading tool calls out of a message, writing observations for the tokenizer
     episode.py       one episode's token sequence and the batch built from a step's episodes
     scheduler.py     episodes of a batch advancing concurrently over the engines and environment workers
-    pool.py          the environment workers (Ray actors in the reward pool)
-    rollout.py       the rollout stage the controller calls when spec.environment is set
+
+The environment workers' pool is `runtime/pools/environment.py`, and the rollout stage that runs episodes is
+`runtime/rollout/episodes.py`.
 
 The code a tool runs is confined by `kuberl.runtime.sandbox`, which knows nothing of RL.
 """

@@ -2,7 +2,7 @@
 
 Pure functions of the episodes and the scheduler's spans; every name is an `env/` metric in
 metrics.jsonl and TensorBoard. Counts and seconds add up over a step's rollouts (dynamic sampling
-may run several); the per-turn-count rewards are read from the scored batch (step_metrics.py).
+may run several); the per-turn-count rewards are read from the scored batch (loop/step_metrics.py).
 """
 
 from kuberl.runtime.environments.episode import ENDINGS, Episode

@@ -6,7 +6,7 @@
     s3://b/p, gs://b/p     copied with fsspec into <cache>/s3/b/p (s3fs / gcsfs must be installed; AWS_ENDPOINT_URL
                            is honoured, runtime/objectstore.py)
 
-Each pod that loads a model resolves it itself, into its own cache (runtime/plan.py sends locations,
+Each pod that loads a model resolves it itself, into its own cache (runtime/loop/plan.py sends locations,
 never the head's folders). Builds and downloads land in a temporary folder beside their target and
 are renamed into place, so a job killed mid-download never leaves a half folder that a later start
 would trust. They run under a lock file beside the target (`.NAME.lock`, flock): of the workers on

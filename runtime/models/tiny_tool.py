@@ -9,7 +9,7 @@ two kinds of demonstration:
     multiply: 37 48<python>( 37 * 48)</python><output>1776</output>1776<|endoftext|>   with the tool
     multiply: 37 48 1776<|endoftext|>                                                  in its head
 
-Each part is tokenized on its own, as the episode rollout does (runtime/environments/rollout.py), and
+Each part is tokenized on its own, as the episode rollout does (runtime/rollout/episodes.py), and
 only the model's parts are trained (the prompt and the tool's output are not). Two phases:
 
 1. `COPY_STEPS` on tool demonstrations only: the model learns the call format, to copy the operands

@@ -17,7 +17,7 @@ data source without a scorer is refused when the job starts (rewards/checks.py) 
 NotImplementedError on the first sample. verl's code scorers (sandbox), prime_math (numina_*),
 geo3k and search-R1 sources are not here: name a reward function for them.
 The comparison tests hold every scorer to a plain restatement of verl's on a table of cases
-(tests/unit/runtime/test_verl_scorers.py).
+(tests/unit/runtime/rewards/test_verl_scorers.py).
 """
 
 import re

@@ -3,7 +3,7 @@
 Every actor asks Ray for its pool's custom resource (`kuberl_<pool>`, one unit) besides its CPUs
 and GPUs, on a cluster and locally alike: on Kubernetes only that pool's pods offer it, so the
 actors land on their own pods; a local run starts Ray offering what every pool offers
-(runtime/workers/launch.py).
+(runtime/pools/launch.py).
 """
 
 import os

@@ -25,10 +25,10 @@ from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu, process_group_backend
 from kuberl.runtime.engines.inputs import forward_input
+from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
 from kuberl.runtime.models.dtypes import reference_dtype, torch_dtype
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
 from kuberl.runtime.models.resolve import ModelLocation
-from kuberl.runtime.updates import UpdateConfig, update_critic, update_policy
 from kuberl.runtime.workers.group import worker_device
 
 #: Models with weights and optimiser state that checkpoints carry (the reference never changes).

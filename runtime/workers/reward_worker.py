@@ -1,7 +1,7 @@
 """The reward worker: scores responses with a function, a reward model, or an HTTP endpoint.
 
 One worker is one Ray actor. The controller's fixed WorkerGroup and the elastic RewardPool
-(runtime/rewards/pool.py) both call `setup` once and then `score` per batch. A reward function runs in
+(runtime/pools/reward.py) both call `setup` once and then `score` per batch. A reward function runs in
 a child process of the worker (rewards/isolated.py), so a call that hangs is stopped after
 reward.sampleTimeoutSeconds and fails only its sample. An endpoint worker
 may be called by several threads at once (the pool gives its actor maxConcurrency slots); the

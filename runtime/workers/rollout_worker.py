@@ -1,13 +1,13 @@
 """The rollout worker: one replica of the separate-mode rollout pool (`rollout.placement: separate`).
 
-A plain class; the rollout pool (runtime/rollout_pool.py) wraps it with `ray.remote`. Each replica holds a
+A plain class; the rollout pool (runtime/pools/rollout.py) wraps it with `ray.remote`. Each replica holds a
 whole engine (vLLM or HF) of its own and no trainer. Weights reach it from the actor through
 Ray's object store, in buckets, after every update:
 
     actor rank 0   refs = put_weight_buckets(trainer.full_tensors(), spec.rollout.sync_bucket_mb)
                    (every actor rank iterates full_tensors: each step is an all-gather; only rank 0 puts)
     controller     pool.load(refs, version): every replica runs load_weights_from(refs, version)
-                   (runtime/rollout_pool.py); the pool keeps `refs` for replicas that join until the
+                   (runtime/pools/rollout.py); the pool keeps `refs` for replicas that join until the
                    next sync replaces them, and the object store then frees the old buckets
     each replica   fetches one bucket at a time and streams its tensors into the engine in place
 

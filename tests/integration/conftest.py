@@ -17,7 +17,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 def ray_session():
     import ray
 
-    from kuberl.runtime.workers.launch import shared_ray_resources
+    from kuberl.runtime.pools.launch import shared_ray_resources
 
     ray.init(
         num_cpus=4,

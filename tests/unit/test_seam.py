@@ -5,7 +5,7 @@ the operator's default settings). Then, from those objects alone, the test reads
 meet in its pods: the entrypoint, the spec at the path the entrypoint names in the mounted ConfigMap,
 the container's environment, and what each pod offers Ray, computed by KubeRay's rules from
 rayStartParams and the container's limits. On that it runs the runtime's own argument parsing
-(runtime/main.py) and placement planning (runtime/plan.py's plan_topology, workers/group.py's Ray
+(runtime/main.py) and placement planning (runtime/loop/plan.py's plan_topology, workers/group.py's Ray
 options), and checks that every actor the runtime would start fits on a pod of a group the operator
 made, with enough units of its pool's resource, and that `--resume` changes what the runtime does. It also
 holds every local path an example names against the volume mounts of the pods that read it
@@ -34,11 +34,11 @@ from kuberl.operator import access, builders
 from kuberl.operator.cluster_checks import storage_problems, unreachable_paths
 from kuberl.operator.settings import OperatorSettings
 from kuberl.runtime import main as runtime_main
-from kuberl.runtime import plan as runtime_plan
+from kuberl.runtime.checkpoint.locations import checkpoint_uri, default_output_dir, export_location
 from kuberl.runtime.checkpoint.policy import Start, start_from
-from kuberl.runtime.driver import checkpoint_uri, default_output_dir, export_location
+from kuberl.runtime.loop import plan as runtime_plan
 from kuberl.runtime.objectstore import is_remote
-from kuberl.runtime.status_publisher import report_target
+from kuberl.runtime.report.status_publisher import report_target
 from kuberl.runtime.workers.group import ray_actor_options
 from tests.conftest import REPO
 

@@ -23,7 +23,7 @@ READ_BY_THE_API = {
     # the operator and the runtime call RoleResources.effective_min / effective_max / is_elastic
     ("RoleResources", "min_replicas"): "read through RoleResources.effective_min and is_elastic",
     ("RoleResources", "max_replicas"): "read through RoleResources.effective_max and is_elastic",
-    # the runtime's episode limits read RLJobSpec.max_turn_tokens (environment/rollout.py)
+    # the runtime's episode limits read RLJobSpec.max_turn_tokens (runtime/rollout/episodes.py)
     ("EnvironmentSpec", "max_tokens_per_turn"): "read through RLJobSpec.max_turn_tokens",
     # a toleration is copied whole into the pod spec (operator/builders.py: toleration.to_manifest())
     ("Toleration", "key"): "serialised whole into the pods by the operator",

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kuberl.runtime.status_publisher import KubernetesStatusPublisher
+from kuberl.runtime.report.status_publisher import KubernetesStatusPublisher
 from tests.integration.chart.conftest import Installation, create_namespace, service_account_token, webhook_answers
 from tests.integration.envtest import ControlPlane, wait_until
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from kuberl.operator import names
-from kuberl.runtime.status_publisher import KubernetesStatusPublisher
+from kuberl.runtime.report.status_publisher import KubernetesStatusPublisher
 from tests.conftest import REPO
 from tests.integration.chart.conftest import Installation, installed, service_account_token
 from tests.integration.envtest import ControlPlane, wait_until

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.api.status import REPORT_KEY
-from kuberl.runtime.status_publisher import KubernetesStatusPublisher, status_metrics
+from kuberl.runtime.report.status_publisher import KubernetesStatusPublisher, status_metrics
 from tests.integration.envtest import ControlPlane
 
 pytestmark = pytest.mark.integration

@@ -35,8 +35,8 @@ import ray
 
 from kuberl.api.resources import RoleResources
 from kuberl.api.topology import reward_group
-from kuberl.runtime.autoscale import ScalePolicy
-from kuberl.runtime.rewards.pool import RewardPool
+from kuberl.runtime.pools.autoscale import ScalePolicy
+from kuberl.runtime.pools.reward import RewardPool
 
 REWARD_NODE_TYPE = "ray.worker.reward"
 SLOW_REWARD = {"function": "tests.integration.runtime.slow_rewards:slow_score", "batchSize": 2}

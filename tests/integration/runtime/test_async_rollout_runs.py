@@ -18,10 +18,10 @@ from collections import Counter
 import pytest
 
 from kuberl.runtime import driver
-from kuberl.runtime.async_rollout import AsyncController
-from kuberl.runtime.controller import Controller, Generated, StepResult
 from kuberl.runtime.driver import Preempted, run_job
-from kuberl.runtime.telemetry import STALENESS_MAX, STALENESS_MEAN, TRAINER_IDLE_FRACTION
+from kuberl.runtime.loop.async_controller import AsyncController
+from kuberl.runtime.loop.controller import Controller, Generated, StepResult
+from kuberl.runtime.report.telemetry import STALENESS_MAX, STALENESS_MEAN, TRAINER_IDLE_FRACTION
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

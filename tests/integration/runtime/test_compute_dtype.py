@@ -9,7 +9,7 @@ import torch
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.engines.inputs import forward_input
-from kuberl.runtime.updates import UpdateConfig, update_policy
+from kuberl.runtime.engines.updates import UpdateConfig, update_policy
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, make_batch, tiny_model
 
 pytestmark = pytest.mark.integration

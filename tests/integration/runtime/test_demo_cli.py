@@ -23,8 +23,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kuberl.runtime.metrics import read_history
-from kuberl.runtime.telemetry import CHECKPOINT_AGE, CHECKPOINT_STEP, EXPORTS, metric_names
+from kuberl.runtime.report.metrics import read_history
+from kuberl.runtime.report.telemetry import CHECKPOINT_AGE, CHECKPOINT_STEP, EXPORTS, metric_names
 from tests.integration.envtest import free_port
 from tests.integration.runtime.jobs import DEMO
 

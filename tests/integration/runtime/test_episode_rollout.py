@@ -10,11 +10,12 @@ import pytest
 from kuberl.api import EnvironmentSpec, RoleResources
 from kuberl.api.topology import environment_group, rollout_group
 from kuberl.runtime.data import Prompt
-from kuberl.runtime.environments.pool import EnvironmentPool
-from kuberl.runtime.environments.rollout import EpisodeRollout
+from kuberl.runtime.loop.settings import step_settings
 from kuberl.runtime.models.resolve import ModelLocation, default_cache_dir, resolve_model_path
-from kuberl.runtime.rollout import Engines
-from kuberl.runtime.rollout_pool import RolloutPool
+from kuberl.runtime.pools.environment import EnvironmentPool
+from kuberl.runtime.pools.rollout import RolloutPool
+from kuberl.runtime.rollout.base import Engines
+from kuberl.runtime.rollout.episodes import EpisodeRollout
 from tests.integration.runtime.jobs import demo_job
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,8 @@ def episodes_of(environment: dict, engines, tokenizer, records: list[dict], *, g
     spec = demo_job(**changes, environment=environment).spec
     pool = EnvironmentPool(EnvironmentSpec.model_validate(environment), environment_group(RoleResources(cpus=1)))
     try:
-        stage = EpisodeRollout(spec, tokenizer, engines, pool, group_size, tokenizer.pad_token_id)
+        sampling = step_settings(spec, mini_batches=1, actor_world_size=1).sampling
+        stage = EpisodeRollout(spec, sampling, tokenizer, engines, pool, group_size, tokenizer.pad_token_id)
         prompts = [
             Prompt(i, tokenizer(f"count: {i} {i + 1}")["input_ids"], "", record) for i, record in enumerate(records)
         ]

@@ -19,7 +19,7 @@ from kuberl.runtime.algorithms.losses import PolicyLossConfig, PolicyLossInputs,
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import FSDPTrainer, position_ids
 from kuberl.runtime.engines.inputs import forward_input
-from kuberl.runtime.updates import UpdateConfig, update_policy
+from kuberl.runtime.engines.updates import UpdateConfig, update_policy
 from tests.integration.runtime.rank_pool import RankPool
 
 pytestmark = pytest.mark.integration

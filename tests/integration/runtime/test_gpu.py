@@ -30,7 +30,7 @@ import torch
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.engines.fsdp import FSDPTrainer, process_group_backend
 from kuberl.runtime.engines.inputs import forward_input
-from kuberl.runtime.updates import UpdateConfig, update_critic, update_policy
+from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, make_batch, tiny_model
 

@@ -14,9 +14,9 @@ from kuberl.api.status import REPORT_KEY
 from kuberl.runtime.deadline import StepTimeoutError
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.health import NonFiniteUpdatesError, RewardFailureError
-from kuberl.runtime.status_publisher import KubernetesStatusPublisher, StatusPublisher
+from kuberl.runtime.report.status_publisher import KubernetesStatusPublisher, StatusPublisher
 from tests.integration.runtime.jobs import DEMO, demo_base_dir, demo_job
-from tests.unit.runtime.test_checkpoint_store import RecordingApiServer
+from tests.unit.runtime.checkpoint.test_checkpoint_store import RecordingApiServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -22,9 +22,9 @@ from kuberl.api.status import REPORT_KEY
 from kuberl.runtime import driver
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.models.resolve import default_cache_dir
-from kuberl.runtime.status_publisher import KubernetesStatusPublisher, StatusPublisher
+from kuberl.runtime.report.status_publisher import KubernetesStatusPublisher, StatusPublisher
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
-from tests.unit.runtime.test_checkpoint_store import RecordingApiServer
+from tests.unit.runtime.checkpoint.test_checkpoint_store import RecordingApiServer
 
 pytestmark = pytest.mark.integration
 

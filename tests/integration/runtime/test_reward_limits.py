@@ -17,9 +17,9 @@ from kuberl.api.contract import ray_resource
 from kuberl.api.enums import Role
 from kuberl.api.resources import RoleResources
 from kuberl.api.topology import HEAD_POOL, ActorGroup, reward_group
-from kuberl.runtime.autoscale import ScalePolicy
 from kuberl.runtime.deadline import StepTimeoutError, step_deadline
-from kuberl.runtime.rewards.pool import RewardPool
+from kuberl.runtime.pools.autoscale import ScalePolicy
+from kuberl.runtime.pools.reward import RewardPool
 from kuberl.runtime.workers.group import WorkerGroup
 from kuberl.runtime.workers.reward_worker import RewardWorker
 

@@ -17,9 +17,9 @@ import pytest
 
 from kuberl.api.resources import RoleResources
 from kuberl.api.topology import ActorGroup, reward_group
-from kuberl.runtime.autoscale import ScalePolicy
+from kuberl.runtime.pools.autoscale import ScalePolicy
+from kuberl.runtime.pools.reward import RewardPool
 from kuberl.runtime.rewards.functions import RewardConfigError, RewardResult
-from kuberl.runtime.rewards.pool import RewardPool
 
 pytestmark = pytest.mark.integration
 

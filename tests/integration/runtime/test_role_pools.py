@@ -11,8 +11,8 @@ import pytest
 
 from kuberl.runtime import driver
 from kuberl.runtime.driver import run_job
+from kuberl.runtime.pools.launch import Groups
 from kuberl.runtime.workers.group import WorkerGroup
-from kuberl.runtime.workers.launch import Groups
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
 pytestmark = pytest.mark.integration

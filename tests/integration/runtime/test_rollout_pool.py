@@ -21,14 +21,14 @@ import torch
 
 from kuberl.api.resources import RoleResources
 from kuberl.api.topology import rollout_group
-from kuberl.runtime import elastic_pool
-from kuberl.runtime.autoscale import ScalePolicy
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.engines.base import SamplingParams
 from kuberl.runtime.models.resolve import ModelLocation, default_cache_dir, resolve_model_path
-from kuberl.runtime.rollout_pool import ChunkResult, ChunkWork, RolloutPool
-from kuberl.runtime.telemetry import ROLLOUT_POOL_SIZE
-from kuberl.runtime.workers import launch
+from kuberl.runtime.pools import elastic as elastic_pool
+from kuberl.runtime.pools import launch
+from kuberl.runtime.pools.autoscale import ScalePolicy
+from kuberl.runtime.pools.rollout import ChunkResult, ChunkWork, RolloutPool
+from kuberl.runtime.report.telemetry import ROLLOUT_POOL_SIZE
 from kuberl.runtime.workers.rollout_worker import put_weight_buckets
 from tests.integration.runtime.blocking_rollout import (
     BLOCKED_REPLICA,

@@ -18,7 +18,7 @@ import torch
 from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.engines.micro_batches import cut_by_tokens
-from kuberl.runtime.updates import UpdateConfig, update_policy
+from kuberl.runtime.engines.updates import UpdateConfig, update_policy
 from tests.integration.runtime.rank_pool import RankPool
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, OPTIM, layout, make_batch, sgd, tiny_model
 from tests.integration.runtime.test_micro_batches import counted

@@ -19,7 +19,7 @@ import pytest
 from kuberl.api import parse_rljob
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.models.resolve import default_cache_dir
-from kuberl.runtime.tracking import mlflow_name, tracked_metrics
+from kuberl.runtime.report.tracking import mlflow_name, tracked_metrics
 from kuberl.verl.command import read_launch
 from kuberl.verl.convert import convert
 from tests.integration.runtime.gsm8k_style import STARTS, format_model, write_split

@@ -1,4 +1,4 @@
-"""local_reads: every local path a job names, and the pools whose pods open it (runtime/plan.py, workers/)."""
+"""local_reads: every local path a job names, and the pools whose pods open it (runtime/loop/plan.py, workers/)."""
 
 from typing import Any
 

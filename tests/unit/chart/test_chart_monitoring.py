@@ -1,5 +1,5 @@
 """The chart's monitoring of RLJobs: a PodMonitor on the Ray heads the operator builds, and a Grafana dashboard
-whose queries use only metric names the runtime exports (runtime/telemetry.py)."""
+whose queries use only metric names the runtime exports (runtime/report/telemetry.py)."""
 
 import json
 import re
@@ -10,7 +10,7 @@ import pytest
 from kuberl.api import parse_rljob
 from kuberl.operator import names
 from kuberl.operator.builders import METRICS_PORT_NAME, Owner, build_rayjob
-from kuberl.runtime.telemetry import EXPORTS, metric_names
+from kuberl.runtime.report.telemetry import EXPORTS, metric_names
 from tests.unit.chart.rendering import CHART, of_kind, one, render
 from tests.unit.operator.conftest import UID, make_rljob
 

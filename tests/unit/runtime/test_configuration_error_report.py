@@ -14,9 +14,9 @@ import yaml
 from kuberl.api.contract import ExitCode, RuntimeArgs
 from kuberl.api.status import REPORT_KEY
 from kuberl.runtime import main
-from kuberl.runtime.status_publisher import KubernetesStatusPublisher, StatusPublisher
+from kuberl.runtime.report.status_publisher import KubernetesStatusPublisher, StatusPublisher
 from tests.conftest import REPO
-from tests.unit.runtime.test_checkpoint_store import RecordingApiServer
+from tests.unit.runtime.checkpoint.test_checkpoint_store import RecordingApiServer
 
 
 @pytest.fixture

@@ -22,12 +22,13 @@ import yaml
 
 from kuberl.api import parse_rljob
 from kuberl.runtime.checkpoint import PreemptionWatcher
+from kuberl.runtime.checkpoint.checkpointing import Checkpointing
 from kuberl.runtime.checkpoint.store import DCP_METADATA
-from kuberl.runtime.controller import StepResult
-from kuberl.runtime.driver import Checkpointing, Preempted, StepRecorder
+from kuberl.runtime.driver import Preempted, StepRecorder
 from kuberl.runtime.health import RunHealth
-from kuberl.runtime.metrics import RunReporter
-from kuberl.runtime.status_publisher import StatusPublisher
+from kuberl.runtime.loop.controller import StepResult
+from kuberl.runtime.report.metrics import RunReporter
+from kuberl.runtime.report.status_publisher import StatusPublisher
 from tests.conftest import REPO
 
 TOTAL_STEPS = 5
