@@ -6,7 +6,7 @@
 Building and running the images (tests/integration/images) takes minutes even with cached layers, and ~15 minutes
 cold on 2 cores, so it is not part of `make test`. Instead `make test-images` records, when it passed,
 a digest of every input in docker/tested-inputs.txt (committed, like the generated CRDs); a unit test
-(tests/unit/test_images_tested.py) fails when the inputs moved since, and `.ci/run` runs `make
+(tests/unit/test_images.py) fails when the inputs moved since, and `.ci/run` runs `make
 test-images` first in that case, on a clean clone, without any state of its own.
 
 The inputs are what the images are built from and what proves them: docker/ and .dockerignore, the
@@ -33,7 +33,7 @@ PYPROJECT_PART = "pyproject.toml [build-system] [project] [tool.setuptools], wit
 EXTRAS_NO_IMAGE_USES = ("dev", "bench")
 HEADER = (
     "# Written by `make test-images` when it passed: the inputs it built and ran the images from\n"
-    "# (hack/images/inputs.py says which). tests/unit/test_images_tested.py compares them with the tree.\n"
+    "# (hack/images/inputs.py says which). tests/unit/test_images.py compares them with the tree.\n"
 )
 
 
