@@ -11,8 +11,8 @@
 # into /usr/local as in the python image. No CA of this machine goes in: a build behind a
 # TLS-inspecting proxy passes its bundle with `make images CA_BUNDLE=...`, which never lands in a layer.
 #
-# Result: the image `localhost/kuberl-python:<key>` in the engine (docker or podman, as `make images`
-# picks it: CONTAINER_ENGINE), imported from the root filesystem cached at
+# Result: the image `localhost/kuberl-python:<key>` in the engine `make images` builds with (docker or
+# podman: hack/images/build.sh engine), imported from the root filesystem cached at
 # ${KUBERL_IMAGES_CACHE:-$HOME/.cache/kuberl/images}/<key>/rootfs.tar. Its name is printed as the LAST
 # line of stdout; progress goes to stderr. Idempotent: with the image present it prints the name at
 # once; with only the tarball cached it imports it (seconds). Concurrent runs wait on a flock.
@@ -29,7 +29,7 @@ KEY="${SUITE}-py311-r${RECIPE_ID}"
 IMAGE="localhost/kuberl-python:${KEY}"
 CACHE_ROOT="${KUBERL_IMAGES_CACHE:-$HOME/.cache/kuberl/images}"
 DIR="${CACHE_ROOT}/${KEY}"
-ENGINE="${CONTAINER_ENGINE:-$(command -v podman || command -v docker)}"
+ENGINE=$("$(dirname "${BASH_SOURCE[0]}")/build.sh" engine)  # the engine `make images` builds with
 
 log() { printf '[images-base %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }

@@ -80,7 +80,8 @@ def built_images(tmp_path_factory: pytest.TempPathFactory) -> BuiltImages:
         "TORCH_WHEELS": torch_wheels(),
     }
     # The build's time shows in --durations as the setup of the first test.
-    command = ["make", "images", f"IMAGE_REGISTRY={TEST_REGISTRY}", f"IMAGE_TAG={TEST_TAG}"]
+    names = [f"IMAGE_REGISTRY={TEST_REGISTRY}", f"IMAGE_TAG={TEST_TAG}"]
+    command = ["make", "images", "IMAGES=operator runtime-cpu", *names]
     run_logged(command, env, logs / "build.log", timeout=3600)
     return BuiltImages(
         engine=engine(),
