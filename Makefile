@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kuberl-installed
 
-.PHONY: venv run test lint crds clean
+.PHONY: venv run test lint crds images push test-images clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,27 @@ lint: venv ## ruff, mypy (strict on api/ and operator/), import layering
 
 crds: venv ## regenerate the CRD from kuberl.api into crds/ and the Helm chart
 	$(BIN)/kuberl crds --write crds charts/kuberl/crds
+
+# kuberl's images, with docker or podman (hack/images/build.sh says what each variable does):
+#   make images [IMAGE_REGISTRY=registry.example.com/ml] [IMAGE_TAG=0.1.0] [IMAGES="operator runtime-cpu runtime"]
+#               [PYTHON_IMAGE=...] [TORCH_INDEX_URL=... | TORCH_WHEELS=dir] [CA_BUNDLE=file] [CONTAINER_ENGINE=podman]
+# CA_BUNDLE defaults to $$PIP_CERT: a build trusts what pip on this machine is told to trust.
+CA_BUNDLE ?= $(PIP_CERT)
+IMAGE_ENV = IMAGES="$(IMAGES)" IMAGE_REGISTRY="$(IMAGE_REGISTRY)" IMAGE_TAG="$(IMAGE_TAG)" \
+	PYTHON_IMAGE="$(PYTHON_IMAGE)" TORCH_INDEX_URL="$(TORCH_INDEX_URL)" TORCH_WHEELS="$(TORCH_WHEELS)" \
+	CA_BUNDLE="$(CA_BUNDLE)" CONTAINER_ENGINE="$(CONTAINER_ENGINE)"
+
+images: ## build the operator image and the CPU runtime image
+	$(IMAGE_ENV) hack/images/build.sh build
+
+push: ## push them to IMAGE_REGISTRY (log in to it first)
+	$(IMAGE_ENV) hack/images/build.sh push
+
+# Not part of `make test` (minutes, ~15 cold): CI runs it when the images' inputs changed (hack/images/inputs.py).
+# The record of what it tested is written only when it passed, and is committed.
+test-images: venv ## build the images here and run them: the demo in the runtime image, the webhook in the operator's
+	inputs=$$($(BIN)/python hack/images/inputs.py) && $(IMAGE_ENV) $(BIN)/python -m pytest tests/integration/images \
+		&& printf '%s\n' "$$inputs" > docker/tested-inputs.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .lint-tree

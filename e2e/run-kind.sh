@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kuberl end to end on kind: a throwaway cluster, KubeRay and kuberl installed with Helm, the images
-# built here and loaded into the cluster, then examples/tiny-grpo-cluster.yaml run until it Succeeded.
+# built here with `make images` (the README's command) and loaded into the cluster, then
+# examples/tiny-grpo-cluster.yaml run until it Succeeded.
 #
 #   e2e/run-kind.sh               # needs docker (a running engine), kind, kubectl >= 1.23, helm >= 3.8
 #   KEEP_CLUSTER=1 e2e/run-kind.sh  # leave the cluster up afterwards (kind delete cluster --name kuberl-e2e)
@@ -17,10 +18,9 @@ KEEP_CLUSTER=${KEEP_CLUSTER:-0}
 RELEASE=kuberl
 NAMESPACE=kuberl-system
 JOBS=kuberl-e2e
-VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$REPO/pyproject.toml")
-OPERATOR_IMAGE=ghcr.io/kuberl/operator:$VERSION
-RUNTIME_TAG=$VERSION-cpu
-RUNTIME_IMAGE=ghcr.io/kuberl/runtime:$RUNTIME_TAG
+# The names `make images` gives the images by default (hack/images/build.sh): the chart's and the example's.
+{ read -r OPERATOR_IMAGE; read -r RUNTIME_IMAGE; } < <(IMAGES="operator runtime-cpu" "$REPO/hack/images/build.sh" names)
+RUNTIME_TAG=${RUNTIME_IMAGE##*:}
 # The chart's default: <fullname>.<release namespace>.kuberl.io
 WEBHOOK=$RELEASE.$NAMESPACE.kuberl.io
 
@@ -68,8 +68,7 @@ trap finish EXIT
 kubectl config use-context "kind-$CLUSTER"
 
 log "images $OPERATOR_IMAGE and $RUNTIME_IMAGE"
-docker build -f "$REPO/docker/Dockerfile.operator" -t "$OPERATOR_IMAGE" "$REPO"
-docker build -f "$REPO/docker/Dockerfile.runtime-cpu" -t "$RUNTIME_IMAGE" "$REPO"
+make -C "$REPO" images IMAGES="operator runtime-cpu" CONTAINER_ENGINE=docker
 kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"
 
 log "KubeRay $KUBERAY_VERSION"

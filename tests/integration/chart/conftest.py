@@ -256,6 +256,59 @@ def without_disruption_budget(values: dict[str, Any]) -> dict[str, Any]:
     return {**values, "operator": operator}
 
 
+@dataclass
+class ChartInstall:
+    """What `helm install` left in the API server, and what the operator's pod is given to run with."""
+
+    objects: list[dict[str, Any]]
+    settings: OperatorSettings
+    webhook_configuration: str
+    service_account: str
+    operator_token: str
+    kubeconfig: Path
+
+
+@contextlib.contextmanager
+def chart_installed(
+    cp: ControlPlane,
+    values: dict[str, Any],
+    *,
+    release_namespace: str,
+    jobs_namespace: str,
+    folder: Path,
+    create_namespaces: tuple[str, ...] = (),
+) -> Iterator[ChartInstall]:
+    """`helm install` of the chart with `values` into `release_namespace`: the objects applied, the webhook's
+    Service routed to this machine's address at `settings.webhook_port`, the certificate from the chart's Secret
+    in `folder/webhook-tls` and a kubeconfig with the operator's ServiceAccount token; no operator runs yet. On
+    exit, everything it made is removed (both namespaces included)."""
+    objects = render(without_disruption_budget(values), name=RELEASE, namespace=release_namespace)
+    address = this_machines_address()
+    settings = operator_settings(objects, mount_secret(one(objects, "Secret"), folder / "webhook-tls"), address)
+    for namespace in create_namespaces:
+        create_namespace(cp, namespace)
+    client = admin_client(cp)
+    try:
+        helm_install_crds(client, chart_crds())
+        helm_apply(client, objects)
+        assert settings.webhook_port is not None
+        route_service_here(cp, one(objects, "Service", f"{RELEASE}-webhook"), address, settings.webhook_port)
+        service_account = one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+        operator_token = service_account_token(cp, release_namespace, service_account)
+        kubeconfig = folder / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(kubeconfig_for(cp.server, operator_token, cp.ca_file)))
+        yield ChartInstall(
+            objects=objects,
+            settings=settings,
+            webhook_configuration=one(objects, "ValidatingWebhookConfiguration")["metadata"]["name"],
+            service_account=service_account,
+            operator_token=operator_token,
+            kubeconfig=kubeconfig,
+        )
+    finally:
+        uninstall(cp, objects, [release_namespace, jobs_namespace])
+
+
 @contextlib.contextmanager
 def installed(
     cp: ControlPlane,
@@ -266,52 +319,43 @@ def installed(
     folder: Path,
     create_namespaces: tuple[str, ...] = (),
 ) -> Iterator[Installation]:
-    """`helm install` of the chart with `values` into `release_namespace`, and the operator running as the chart's
-    ServiceAccount with the chart's webhook certificate; on exit, everything it made is removed (both namespaces
-    included)."""
-    objects = render(without_disruption_budget(values), name=RELEASE, namespace=release_namespace)
-    address = this_machines_address()
-    settings = operator_settings(objects, mount_secret(one(objects, "Secret"), folder / "webhook-tls"), address)
-    webhook = one(objects, "ValidatingWebhookConfiguration")["metadata"]["name"]
-    for namespace in create_namespaces:
-        create_namespace(cp, namespace)
-    client = admin_client(cp)
+    """`chart_installed`, and the operator running in-process as the chart's ServiceAccount with the chart's
+    webhook certificate."""
     logs: list[logging.LogRecord] = []
     handler = Collect(logs)
-    try:
-        helm_install_crds(client, chart_crds())
-        helm_apply(client, objects)
-        assert settings.webhook_port is not None
-        route_service_here(cp, one(objects, "Service", f"{RELEASE}-webhook"), address, settings.webhook_port)
-        service_account = one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-        operator_token = service_account_token(cp, release_namespace, service_account)
-        kubeconfig = folder / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(kubeconfig_for(cp.server, operator_token, cp.ca_file)))
+    with chart_installed(
+        cp,
+        values,
+        release_namespace=release_namespace,
+        jobs_namespace=jobs_namespace,
+        folder=folder,
+        create_namespaces=create_namespaces,
+    ) as chart:
         for name in ("kopf", "kuberl"):
             logging.getLogger(name).addHandler(handler)
-        running = RunningOperator(settings, kubeconfig, f"chart-operator-{release_namespace}")
-        running.start()
+        running = RunningOperator(chart.settings, chart.kubeconfig, f"chart-operator-{release_namespace}")
         try:
-            wait_until(lambda: webhook_answers(cp, jobs_namespace), timeout=30, what=f"webhook {webhook}")
+            running.start()
+            wait_until(
+                lambda: webhook_answers(cp, jobs_namespace), timeout=30, what=f"webhook {chart.webhook_configuration}"
+            )
             yield Installation(
                 scope=str(values.get("rbac", {}).get("scope", "cluster")),
                 release_namespace=release_namespace,
                 jobs_namespace=jobs_namespace,
-                objects=objects,
-                settings=settings,
-                webhook_configuration=webhook,
-                service_account=service_account,
-                operator_token=operator_token,
+                objects=chart.objects,
+                settings=chart.settings,
+                webhook_configuration=chart.webhook_configuration,
+                service_account=chart.service_account,
+                operator_token=chart.operator_token,
                 folder=folder,
                 running=running,
                 logs=logs,
             )
         finally:
             running.stop()
-    finally:
-        for name in ("kopf", "kuberl"):
-            logging.getLogger(name).removeHandler(handler)
-        uninstall(cp, objects, [release_namespace, jobs_namespace])
+            for name in ("kopf", "kuberl"):
+                logging.getLogger(name).removeHandler(handler)
 
 
 @pytest.fixture(scope="module", params=["cluster", "namespace"])

@@ -24,11 +24,13 @@ from typing import Any
 import pytest
 import yaml
 
+from kuberl.api.contract import RUNTIME_IMAGE_ENV
 from kuberl.operator import names
 from kuberl.runtime.report.status_publisher import KubernetesStatusPublisher
 from tests.conftest import REPO
 from tests.integration.chart.conftest import Installation, installed, service_account_token
 from tests.integration.envtest import ControlPlane, wait_until
+from tests.unit.chart.rendering import container_env, operator_container
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +46,14 @@ def readme_section() -> str:
 
 
 def readme_commands() -> list[str]:
-    """The command lines of the section's ```sh blocks, in order."""
+    """The command lines of the section's ```sh blocks, in order (a line ending in `\\` goes on)."""
     blocks = re.findall(r"```sh\n(.*?)```", readme_section(), re.DOTALL)
-    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+    return [
+        " ".join(line.strip() for line in command.split("\\\n"))
+        for block in blocks
+        for command in re.split(r"(?<!\\)\n", block)
+        if command.strip()
+    ]
 
 
 def readme_watch_output() -> list[list[str]]:
@@ -64,6 +71,7 @@ class Story:
         self.cp, self.folder, self.stack = cp, folder, stack
         self.namespaces: list[str] = []  # created by the README's commands
         self.installation: Installation | None = None
+        self.images: dict[str, str] = {}  # what `make images` names: operator, runtime-cpu, runtime
         self.env = {"KUBECONFIG": str(cp.kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(folder)}
 
     def kubectl(self, command: str) -> str:
@@ -120,6 +128,27 @@ class Story:
         publisher.close(timeout=10)
 
 
+def make_images(story: Story, command: str) -> None:
+    """`make images|push VAR=value ...`: make runs hack/images/build.sh with those variables (no engine is needed
+    to check that), and the images get the names build.sh gives them, remembered for the commands after."""
+    target, *assignments = shlex.split(command)[1:]
+    variables = dict(assignment.split("=", 1) for assignment in assignments)
+    planned = subprocess.run(["make", "-n", target, *assignments], cwd=REPO, capture_output=True, text=True, check=True)
+    step = {"images": "build", "push": "push"}[target]
+    assert f"hack/images/build.sh {step}" in planned.stdout, planned.stdout
+    for name, value in variables.items():
+        assert f'{name}="{value}"' in planned.stdout, f"make {target} does not pass {name} on: {planned.stdout}"
+    names = subprocess.run(
+        ["hack/images/build.sh", "names"],
+        cwd=REPO,
+        env={**story.env, **variables, "IMAGES": "operator runtime-cpu runtime"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    story.images = dict(zip(["operator", "runtime-cpu", "runtime"], names, strict=True))
+
+
 def helm_install(story: Story, command: str) -> None:
     args = shlex.split(command)
     assert args[:4] == ["helm", "install", "kuberl", "charts/kuberl"], command
@@ -151,6 +180,10 @@ def helm_install(story: Story, command: str) -> None:
             create_namespaces=(namespace,) if create else (),
         )
     )
+    # The operator runs the image pushed, and jobs without spec.image get the (GPU) runtime image pushed.
+    operator = operator_container(story.installation.objects)
+    assert operator["image"] == story.images["operator"], (operator["image"], story.images)
+    assert container_env(operator)[RUNTIME_IMAGE_ENV] == story.images["runtime"], story.images
 
 
 def watch(story: Story, command: str) -> None:
@@ -193,6 +226,14 @@ def apply(story: Story, command: str) -> None:
             v["persistentVolumeClaim"]["claimName"] for v in manifest["spec"]["volumes"] if "persistentVolumeClaim" in v
         ]
         assert claims == [job["spec"]["checkpoint"]["pvcClaimName"]]
+
+
+def apply_with_image(story: Story, command: str) -> None:
+    """`sed ... example.yaml | kubectl apply -n ns -f -`: the job applied names the CPU runtime image pushed."""
+    done = subprocess.run(["bash", "-c", command], cwd=REPO, env=story.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{command}\n{done.stderr}"
+    namespace = shlex.split(command)[shlex.split(command).index("-n") + 1]
+    assert story.rljob(namespace, "tiny-grpo")["spec"]["image"] == story.images["runtime-cpu"]
 
 
 def describe(story: Story, command: str) -> None:
@@ -245,7 +286,9 @@ def validate_for_the_cluster(story: Story, command: str) -> None:
 HANDLERS: list[tuple[str, Callable[[Story, str], None]]] = [
     (r"^kubectl create namespace \S+$", namespace_create),
     (r"^helm install ", helm_install),
+    (r"^make (images|push)( [A-Z_]+=\S+)*$", make_images),
     (r"^kubectl apply -n \S+ -f \S+$", apply),
+    (r"^sed '[^']*' \S+\.yaml \| kubectl apply -n \S+ -f -$", apply_with_image),
     (r"^kubectl get rlj -n \S+ -w$", watch),
     (r"^kubectl describe rlj -n \S+ tiny-grpo$", describe),
     (r"^kubectl patch rlj -n \S+ tiny-grpo --type merge -p .*\"suspend\":true", suspend),
@@ -272,7 +315,7 @@ def story(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Story]:
 
 def test_every_command_of_the_section_is_one_this_test_knows():
     commands = readme_commands()
-    assert len(commands) >= 8
+    assert len(commands) >= 10
     for command in commands:
         handler(command)
 
