@@ -404,7 +404,7 @@ def test_a_variable_the_script_does_not_set_is_refused_naming_it_and_env_sets_it
         "ray job submit --working-dir $WORKDIR -- \\\n"  # the launcher's own options may read anything
         "  python3 -m verl.trainer.main_ppo data.train_files=$DATA/train.parquet actor_rollout_ref.model.path=/m\n"
     )
-    with pytest.raises(LaunchError, match="does not set: DATA; export them, or pass each as --env NAME=VALUE"):
+    with pytest.raises(LaunchError, match=r"\$DATA is set neither in the script nor in the environment \(line 2\)"):
         read_launch(script.read_text(), {})
     assert cli.main(["convert", "verl", str(script), "--env", "DATA=/d"]) == 0
     assert parse_rljob(yaml.safe_load(capsys.readouterr().out)).spec.data.train == "/d/train.parquet"
