@@ -119,6 +119,7 @@ class Expander:
             out: Pieces = []
             size = 0
             for part in parts:
+                added = len(out)
                 if isinstance(part, Literal):  # unquoted text splits where it holds blanks (`${X:-a b}`)
                     out.append(_Piece(part.text, not part.quoted, part.quoted or bool(part.text)))
                 else:
@@ -128,7 +129,7 @@ class Expander:
                     if part.quoted and not _gives_elements(part.source):
                         out.append(_Piece("", False, True))  # "$EMPTY" is still a word; "$@" with no arguments not
                     out.extend(expanded)
-                size += sum(len(piece.text) for piece in out[-1:])
+                size += sum(len(piece.text) + 1 for piece in out[added:])  # + 1: an element's boundary counts
                 if size > MAX_VALUE:
                     raise ScriptError(f"a value longer than {MAX_VALUE} characters", line)
             return out

@@ -124,9 +124,13 @@ def _text(token: Token) -> str:
     return token.text
 
 
+#: Compound commands nested deeper than this are refused (bash scripts nest a handful; Python's stack is finite).
+MAX_NESTING = 64
+
+
 class _Parser:
     def __init__(self, stream: list[Token]) -> None:
-        self.tokens, self.position = stream, 0
+        self.tokens, self.position, self.nesting = stream, 0, 0
 
     def peek(self, ahead: int = 0) -> Token | None:
         index = self.position + ahead
@@ -193,9 +197,18 @@ class _Parser:
 
     def _command(self) -> Node:
         token = self.peek()
-        word = keyword(token)
         if token is None:
             raise ScriptError("syntax error: a command expected at the end of the script", self.tokens[-1].line)
+        self.nesting += 1
+        try:
+            if self.nesting > MAX_NESTING:
+                raise ScriptError(f"commands nest deeper than {MAX_NESTING}", token.line)
+            return self._nested_command(token)
+        finally:
+            self.nesting -= 1
+
+    def _nested_command(self, token: Token) -> Node:
+        word = keyword(token)
         if isinstance(token, Arithmetic):
             self.position += 1
             return self._redirected(ArithmeticCommand(token.expression, token.line))

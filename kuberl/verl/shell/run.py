@@ -90,6 +90,8 @@ def follow(script: str, environment: dict[str, str], is_wanted: Wanted) -> Found
         return found.command
     except _Exit as ended:
         raise NotFound("the script exits here", ended.line) from None
+    except RecursionError:  # nested commands inside nested calls, past Python's stack
+        raise ScriptError("commands and calls nest deeper than the converter reads", runner.line) from None
     raise NotFound("the script ends", script.count("\n") + 1)
 
 
@@ -126,6 +128,7 @@ class _Runner:
         self.is_wanted = is_wanted
         self.commands = 0
         self.calls = 0
+        self.line = 1  # of the simple command being read
         self.undecided: list[str] = []  # the conditions around the current command that the converter cannot decide
 
     # ---------------------------------------------------------------------------------------- commands
@@ -161,6 +164,7 @@ class _Runner:
 
     def _simple(self, node: Simple) -> Status:
         self.commands += 1
+        self.line = node.line
         if self.commands > MAX_COMMANDS:
             raise ScriptError(f"the script runs more than {MAX_COMMANDS} commands before the one wanted", node.line)
         assignments = 0

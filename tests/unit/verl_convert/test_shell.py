@@ -6,7 +6,6 @@ written to make it hang or crash."""
 import doctest
 import re
 import shutil
-import subprocess
 import time
 
 import pytest
@@ -16,26 +15,15 @@ from hypothesis import strategies as st
 from kuberl.verl.command import LaunchError, read_launch, trainer_arguments
 from kuberl.verl.shell import arithmetic, conditions, expand, parse, run, words
 from kuberl.verl.shell.run import UnknownWord, follow
+from tests.unit.verl_convert import real_bash
 
 ENV = {"HOME": "/home/me", "PWD": "/work"}
-#: Defines `python3` as a function that prints its arguments, each ended by a NUL, and ends the script.
-PRINT_ARGUMENTS = 'python3() { printf "%s\\0" "$@"; exit 0; }\n'
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to compare with")
 
 
 def bash_arguments(script: str, tmp_path) -> list[str]:
-    """The arguments real bash passes to `python3` when it runs the script (with no arguments of its own), in
-    tmp_path (bash sets $PWD to where it runs)."""
-    done = subprocess.run(
-        ["bash", "--norc", "--noprofile", "-c", PRINT_ARGUMENTS + script],
-        env=ENV | {"PWD": str(tmp_path)},
-        cwd=tmp_path,
-        capture_output=True,
-        timeout=20,
-        check=False,
-    )
-    return done.stdout.decode().split("\0")[:-1]
+    return real_bash.bash_arguments(script, tmp_path, ENV)
 
 
 def converter_arguments(script: str, tmp_path=None) -> list[str | UnknownWord]:
@@ -83,8 +71,6 @@ FORMS = {
 @pytest.mark.parametrize("name", FORMS)
 def test_each_bash_form_reads_as_bash_runs_it(name: str, tmp_path) -> None:
     script = FORMS[name]
-    if "ray job submit" in script:  # bash needs `ray` to be the launcher; the converter skips to the -m
-        script = 'ray() { shift 5; "$@"; }\n' + script
     assert converter_arguments(script, tmp_path) == bash_arguments(script, tmp_path)
 
 
@@ -226,6 +212,12 @@ BOUNDED = {
     "nested defaults": ("A=" + "${A:-" * 3000 + "x" + "}" * 3000, "line 1: expansions nest deeper than 32"),
     "a doubling value": ("A=x\n" + "A=$A$A\n" * 40, "line 21: a value longer than 1000000 characters"),
     "a function that calls itself": ("f() { f; }\nf", "line 1: f: functions call each other more than 32 deep"),
+    "nested tests": ("if true; then\n" * 500 + "A=1\n" + "fi\n" * 500, "line 64: commands nest deeper than 64"),
+    "a doubling array": ("A=(x)\n" + 'A=("${A[@]}" "${A[@]}")\n' * 30, "a value longer than 1000000 characters"),
+    "calls of nested bodies": (
+        "".join(f"f{i}() {{ {'{ ' * 60}f{i + 1}; {'} ' * 60}}}\n" for i in range(31)) + "f31() { :; }\nf0",
+        "nest deeper than the converter reads",
+    ),
     "a fan of calls": (
         "".join(f"f{i}() {{ f{i + 1}; f{i + 1}; f{i + 1}; f{i + 1}; }}\n" for i in range(12)) + "f12() { :; }\nf0",
         "commands before the one wanted",
