@@ -16,9 +16,9 @@ error) raise ScriptError. Every value is bounded (MAX_VALUE characters; expansio
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any
 
 from kuberl.verl.shell import arithmetic
+from kuberl.verl.shell.arithmetic import Lookup
 from kuberl.verl.shell.errors import ScriptError
 from kuberl.verl.shell.words import Expansion, Literal, Part, Word, is_name, operand_parts
 
@@ -65,10 +65,6 @@ Pieces = list[_Piece]
 
 _PARAMETER = re.compile(r"(?P<name>[A-Za-z_]\w*|\d+|[@*#?$!-])(?:\[(?P<subscript>[^\]]*)\])?(?P<rest>.*)", re.S)
 _POSITIONAL = ("@", "*")
-
-
-def is_unresolved(value: object) -> bool:
-    return isinstance(value, Unresolved)
 
 
 class Expander:
@@ -312,7 +308,7 @@ class Expander:
                 regex.append(re.escape(piece_text))
         return re.compile("".join(regex), re.S)
 
-    def _arithmetic_lookup(self, line: int) -> Any:
+    def _arithmetic_lookup(self, line: int) -> Lookup:
         def lookup(name: str) -> str:
             value = self.variables.get(name)
             if value is None:

@@ -17,7 +17,8 @@ The script's commands are taken in order (parse.py), as bash would take them wit
   nothing here: a command's success is assumed, as the script's author assumes it, except as an `if`'s condition.
 
 The wanted command (the first whose words `is_wanted` accepts) ends the walk; found under a condition the
-converter cannot decide, it is refused. Bounded: MAX_COMMANDS commands in all, functions MAX_CALLS deep.
+converter cannot decide, it is refused. Bounded: MAX_COMMANDS commands in all, functions MAX_CALLS deep, arrays of
+MAX_ELEMENTS elements.
 """
 
 import os
@@ -49,6 +50,7 @@ from kuberl.verl.shell.words import ArrayWord, Literal, Operator, Word, is_name
 
 MAX_COMMANDS = 10_000
 MAX_CALLS = 32
+MAX_ELEMENTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,8 @@ class _Runner:
             if word.append and isinstance(old, Unresolved):
                 return
             before = () if not word.append or old is None else ((old,) if isinstance(old, str) else old)
+            if len(before) + len(elements) > MAX_ELEMENTS:
+                raise ScriptError(f"{word.name}: an array of more than {MAX_ELEMENTS} elements", word.line)
             variables[word.name] = (*before, *elements)
             return
         match = _ASSIGNMENT.match(word.parts[0].text)  # type: ignore[union-attr]

@@ -213,7 +213,7 @@ BOUNDED = {
     "a doubling value": ("A=x\n" + "A=$A$A\n" * 40, "line 21: a value longer than 1000000 characters"),
     "a function that calls itself": ("f() { f; }\nf", "line 1: f: functions call each other more than 32 deep"),
     "nested tests": ("if true; then\n" * 500 + "A=1\n" + "fi\n" * 500, "line 64: commands nest deeper than 64"),
-    "a doubling array": ("A=(x)\n" + 'A=("${A[@]}" "${A[@]}")\n' * 30, "a value longer than 1000000 characters"),
+    "a doubling array": ("A=(x)\n" + 'A=("${A[@]}" "${A[@]}")\n' * 30, "line 15: A: an array of more than 10000"),
     "calls of nested bodies": (
         "".join(f"f{i}() {{ {'{ ' * 60}f{i + 1}; {'} ' * 60}}}\n" for i in range(31)) + "f31() { :; }\nf0",
         "nest deeper than the converter reads",
@@ -232,7 +232,7 @@ def test_scripts_made_to_exhaust_it_end_quickly_with_the_line(name: str) -> None
     with pytest.raises(LaunchError) as refused:
         read_launch(script + "\npython3 -m verl.trainer.main_ppo a=1")
     assert message in str(refused.value), str(refused.value)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # seconds, on a busy machine: stopped, not hung
 
 
 def test_bash_arithmetic_is_bashs_not_pythons(tmp_path) -> None:
