@@ -360,9 +360,9 @@ class ReferenceModel(KuberlModel):
     path: str | None = Field(None, description="Default: the actor's initial weights.")
     dtype: DType | None = Field(
         None,
-        description="Parameter dtype of the reference (verl: ref.fsdp_config.model_dtype, whose default is "
-        "bfloat16). Default: the actor's dtype (models.actor.dtype). A LoRA actor's reference is its own base "
-        "weights, in the actor's dtype.",
+        description="Parameter dtype of the reference (verl: ref.fsdp_config.model_dtype, float32 by default, "
+        "computing in bfloat16 under FSDP mixed precision as training.computeDtype auto does on GPU). Default: the "
+        "actor's dtype (models.actor.dtype). A LoRA actor's reference is its own base weights, in the actor's dtype.",
     )
     micro_batch_size: int | None = Field(
         None,

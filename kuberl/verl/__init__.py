@@ -1,1 +1,2 @@
-"""`kuberl convert verl`: verl launch scripts as RLJob manifests (command.py reads them, knobs.py maps them)."""
+"""`kuberl convert verl`: verl launch scripts as RLJob manifests (shell/ reads the bash, command.py the verl command,
+knobs.py, rules.py and algorithm_rules.py map its knobs, convert.py writes the manifest)."""

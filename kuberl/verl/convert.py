@@ -105,7 +105,7 @@ def convert(overrides: dict[str, Any], name: str | None = None) -> Conversion:
             raise LaunchError(f"{given or rule.__name__}: not a value verl takes here ({error})") from None
         fields.update(derived.fields)
         lost.extend(derived.lost)
-        consumed.update(keys)
+        consumed.update(keys, derived.consumed)
     for key, value in config.items():
         if key in consumed or NO_EFFECT.match(key):
             continue

@@ -75,10 +75,11 @@ class LostKnob:
 
 @dataclass
 class Derived:
-    """What a joint rule makes of its keys."""
+    """What a joint rule makes of its keys; `consumed` names keys it read beyond its declared ones (a family)."""
 
     fields: dict[str, Any] = field(default_factory=dict)
     lost: list[LostKnob] = field(default_factory=list)
+    consumed: set[str] = field(default_factory=set)
 
 
 Config = Mapping[str, Any]
@@ -99,8 +100,14 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{ACTOR}.kl_loss_coef": 0.001,
     f"{ACTOR}.kl_loss_type": "low_var_kl",
     f"{ACTOR}.clip_ratio": 0.2,
-    f"{ACTOR}.clip_ratio_low": None,
-    f"{ACTOR}.clip_ratio_high": None,
+    f"{ACTOR}.clip_ratio_low": 0.2,  # 0.2, not null, in actor.yaml since July 2025: clip_ratio alone moves nothing
+    f"{ACTOR}.clip_ratio_high": 0.2,
+    f"{ACTOR}.tau_pos": 1.0,
+    f"{ACTOR}.tau_neg": 1.05,
+    f"{ACTOR}.loss_scale_factor": None,
+    f"{ACTOR}.fsdp_config.model_dtype": "fp32",
+    f"{REF}.fsdp_config.model_dtype": "fp32",
+    f"{CRITIC_MODEL}.fsdp_config.model_dtype": "fp32",
     f"{ACTOR}.clip_ratio_c": 3.0,
     f"{ACTOR}.loss_agg_mode": "token-mean",
     f"{ACTOR}.entropy_coeff": 0.0,
@@ -154,6 +161,10 @@ VERL_DEFAULTS: dict[str, Any] = {
     "trainer.resume_mode": "auto",
     "trainer.critic_warmup": 0,
     "reward_model.enable": False,
+    "reward_model.use_reward_loop": True,
+    "reward_model.rollout.dtype": "bfloat16",
+    "reward_model.model.input_tokenizer": "${actor_rollout_ref.model.path}",
+    "reward_model.enable_resource_pool": False,
     "custom_reward_function.name": "compute_score",
 }
 
@@ -246,7 +257,6 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{MODEL}.lora_adapter_path": Lose("kuberl's LoRA starts from fresh adapters", True),
     f"{CRITIC_MODEL}.lora_rank": Lose("kuberl's LoRA is the actor's only; the critic trains every weight", True),
     f"{MODEL}.custom_chat_template": Lose("kuberl renders the tokenizer's own chat template", True),
-    f"{ROLLOUT}.multi_turn.enable": Lose("multi-turn rollouts and tools are not in kuberl", True),
     f"{ROLLOUT}.ignore_eos": Lose("kuberl's responses stop at EOS", True),
     "trainer.resume_from_path": Lose("kuberl resumes from the newest checkpoint under checkpoint.uri", True),
     "trainer.critic_warmup": Lose("kuberl trains the actor from the first step", True),
@@ -289,6 +299,7 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{REF}.ulysses_sequence_parallel_size": Lose("sequence parallelism is not in kuberl", False, _one),
     "critic.ulysses_sequence_parallel_size": Lose("sequence parallelism is not in kuberl", False, _one),
     f"{ACTOR}.use_torch_compile": Lose("kuberl does not torch.compile the trainer", False),
+    f"{REF}.use_torch_compile": Lose("kuberl does not torch.compile the reference", False),
     f"{ACTOR}.entropy_checkpointing": Lose("the entropy is not recomputed in backward", False),
     f"{ACTOR}.entropy_from_logits_with_chunking": Lose("the entropy is computed in one piece", False),
     f"{MODEL}.use_fused_kernels": Lose("fused kernels are not in kuberl", False),
@@ -322,6 +333,16 @@ KNOBS: dict[str, Carry | Lose] = {
     "data.return_raw_chat": Lose("kuberl keeps each record whole", False, lambda v: True),
 }
 
+#: FSDP mixed precision (fsdp_config.mixed_precision): kuberl's computes in training.computeDtype, bfloat16 on GPU,
+#: reduces gradients and keeps buffers in float32 (runtime/engines/fsdp.py), verl's defaults (fsdp_workers.py).
+MIXED_PRECISION = "kuberl's FSDP2 computes in bfloat16 on GPU and reduces gradients and keeps buffers in float32"
+KNOBS |= {
+    f"{role}.fsdp_config.mixed_precision.{key}": Lose(MIXED_PRECISION, False, lambda value, usual=usual: value in usual)
+    for role in (ACTOR, REF, CRITIC_MODEL)
+    for key, usual in (("param_dtype", ("bf16", "bfloat16")), ("reduce_dtype", ("fp32", "float32", "32", 32)),
+                       ("buffer_dtype", ("fp32", "float32", "32", 32)))
+}  # fmt: skip
+
 #: Families of keys with one entry: model config overrides, Megatron's settings, every role's FSDP offload switches.
 KNOB_PATTERNS: list[tuple[re.Pattern[str], Lose]] = [
     (
@@ -332,17 +353,21 @@ KNOB_PATTERNS: list[tuple[re.Pattern[str], Lose]] = [
             lambda value: False,  # even a 0 overrides the config's own value
         ),
     ),
+    (  # the actor's, critic's and reference's switches are offload_rule's (rules.py)
+        re.compile(r"^.*(fsdp_config|megatron)\.grad_offload$"),
+        Lose("gradients are offloaded with the parameters (models.<role>.offload)", False),
+    ),
     (
         re.compile(r"^(actor_rollout_ref\.(actor|ref)|critic)\.megatron\..*$"),
         Lose("Megatron is out of scope: kuberl trains with FSDP2", False, lambda value: _off(value) or _one(value)),
     ),
-    (  # the actor's, critic's and reference's switches are offload_rule's (rules.py)
-        re.compile(r"^.*fsdp_config\.grad_offload$"),
-        Lose("gradients are offloaded with the parameters (models.<role>.offload)", False),
-    ),
     (
         re.compile(r"^reward_model\..*fsdp_config\.(param_offload|optimizer_offload|offload_policy)$"),
         Lose("the reward model runs unsharded with transformers, on its pool's device", False),
+    ),
+    (  # its dtype is reward_rule's (rules.py)
+        re.compile(r"^reward_model\.(rollout\..*|num_workers)$"),
+        Lose("kuberl's reward pool runs the reward model with transformers, not a served engine", False),
     ),
 ]
 

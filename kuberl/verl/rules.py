@@ -8,97 +8,12 @@ entries never see them.
 from collections.abc import Callable
 from typing import Any
 
-from kuberl.api.enums import LossAggregation
-from kuberl.api.policy_losses import SEQUENCE_LEVEL_LOSSES
+from kuberl.verl.algorithm_rules import ALGORITHM_KEYS
 from kuberl.verl.knobs import ACTOR, CRITIC_MODEL, MODEL, REF, ROLLOUT, Config, Derived, LostKnob, model_location
-
-KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
-ESTIMATORS = {  # verl adv_estimator -> (kuberl algorithm.name, advantageEstimator)
-    "gae": ("ppo", "gae"),
-    "grpo": ("grpo", "grpo"),
-    "rloo": ("rloo", "rloo"),
-    "reinforce_plus_plus": ("reinforce_pp", "reinforce_plus_plus"),
-    "reinforce_plus_plus_baseline": ("grpo", "reinforce_plus_plus_baseline"),
-    "remax": ("remax", "remax"),
-    "opo": ("grpo", "opo"),
-    "gpg": ("grpo", "gpg"),
-    "grpo_passk": ("grpo", "grpo_passk"),
-}
-POLICY_LOSSES = {"vanilla": "ppo_clip"} | {
-    name: name for name in ("gspo", "cispo", "clip_cov", "kl_cov", "gpg", "geo_mean", "sapo")
-}
-LOSS = f"{ACTOR}.policy_loss"
 
 
 def _lost(config: Config, key: str, why: str, changes_training: bool) -> LostKnob:
     return LostKnob(key, config.get(key), why, changes_training)
-
-
-def algorithm_rule(config: Config) -> Derived:
-    """Estimator and policy loss (with their knobs), the clip range; a critic for gae."""
-    out = Derived()
-    estimator = str(config["algorithm.adv_estimator"])
-    if estimator not in ESTIMATORS:
-        out.lost.append(_lost(config, "algorithm.adv_estimator", f"kuberl has no estimator {estimator}", True))
-        estimator = "grpo"
-    name, kuberl_estimator = ESTIMATORS[estimator]
-    out.fields |= {"algorithm.name": name, "algorithm.advantageEstimator": kuberl_estimator}
-    loss_mode = (
-        "gpg" if config.get(f"{ACTOR}.use_gpg_loss") else str(config[f"{LOSS}.loss_mode"])
-    )  # verl's older switch
-    if loss_mode in POLICY_LOSSES:
-        out.fields["algorithm.policyLoss"] = POLICY_LOSSES[loss_mode]
-    else:
-        out.lost.append(_lost(config, f"{LOSS}.loss_mode", f"kuberl has no loss {loss_mode}", True))
-    if loss_mode == "clip_cov":
-        out.fields["algorithm.clipCov"] = {
-            "ratio": config[f"{LOSS}.clip_cov_ratio"],
-            "lowerBound": config[f"{LOSS}.clip_cov_lb"],
-            "upperBound": config[f"{LOSS}.clip_cov_ub"],
-        }
-    if loss_mode == "kl_cov":
-        out.fields["algorithm.klCov"] = {"ratio": config[f"{LOSS}.kl_cov_ratio"], "coef": config[f"{LOSS}.ppo_kl_coef"]}
-    aggregation = str(config[f"{ACTOR}.loss_agg_mode"]).replace("-", "_")
-    if config.get(f"{ACTOR}.use_token_level_loss") is not None:  # verl's older switch for the same choice
-        aggregation = "token_mean" if config[f"{ACTOR}.use_token_level_loss"] else "seq_mean_token_mean"
-    if POLICY_LOSSES.get(loss_mode) in SEQUENCE_LEVEL_LOSSES and aggregation != LossAggregation.SEQ_MEAN_TOKEN_MEAN:
-        why = f"kuberl's {loss_mode} weighs every response once (seq_mean_token_mean), not by its length"
-        out.lost.append(_lost(config, f"{ACTOR}.loss_agg_mode", why, True))
-        aggregation = LossAggregation.SEQ_MEAN_TOKEN_MEAN
-    out.fields["algorithm.lossAggregation"] = str(aggregation)
-    clip = config[f"{ACTOR}.clip_ratio"]
-    low, high = config[f"{ACTOR}.clip_ratio_low"], config[f"{ACTOR}.clip_ratio_high"]
-    out.fields["algorithm.clipRatioLow"] = clip if low is None else low
-    out.fields["algorithm.clipRatioHigh"] = clip if high is None else high
-    if name == "ppo":
-        out.fields["models.critic"] = {}
-    return out
-
-
-def kl_rule(config: Config) -> Derived:
-    """verl's two KL switches (a loss term, a reward penalty) -> kuberl's one KL term with a placement."""
-    out = Derived()
-    in_loss, in_reward = bool(config[f"{ACTOR}.use_kl_loss"]), bool(config["algorithm.use_kl_in_reward"])
-    if in_loss and in_reward:
-        why = "kuberl puts the KL term in the loss or the reward, not both"
-        out.lost.append(_lost(config, "algorithm.use_kl_in_reward", why, True))
-    if in_loss:
-        coef, estimator, placement = config[f"{ACTOR}.kl_loss_coef"], config[f"{ACTOR}.kl_loss_type"], "loss"
-        estimator_key = f"{ACTOR}.kl_loss_type"
-    elif in_reward:
-        coef, estimator, placement = config["algorithm.kl_ctrl.kl_coef"], config["algorithm.kl_penalty"], "reward"
-        estimator_key = "algorithm.kl_penalty"
-        if config["algorithm.kl_ctrl.type"] != "fixed":
-            out.lost.append(_lost(config, "algorithm.kl_ctrl.type", "kuberl's KL coefficient is fixed", True))
-    else:
-        out.fields["algorithm.kl.coef"] = 0.0
-        return out
-    out.fields |= {"algorithm.kl.coef": coef, "algorithm.kl.placement": placement}
-    if str(estimator) in KL_ESTIMATORS:
-        out.fields["algorithm.kl.estimator"] = KL_ESTIMATORS[str(estimator)]
-    else:
-        out.lost.append(_lost(config, estimator_key, f"kuberl has no KL estimator {estimator}", True))
-    return out
 
 
 def lora_rule(config: Config) -> Derived:
@@ -116,16 +31,57 @@ def lora_rule(config: Config) -> Derived:
     return out
 
 
+#: verl's names of a dtype (verl/utils/torch_dtypes.py PrecisionType) -> kuberl's.
+DTYPES = {
+    **dict.fromkeys(("fp32", "float32", "32", 32), "float32"),
+    **dict.fromkeys(("bf16", "bfloat16"), "bfloat16"),
+    **dict.fromkeys(("fp16", "float16", "16", 16), "float16"),
+}
+
+
+def dtype_of(value: Any) -> str:
+    """A verl precision name as an RLJob dtype; ValueError (naming the knob's value) for one verl refuses too.
+
+    >>> dtype_of("bf16"), dtype_of("fp32"), dtype_of(16)
+    ('bfloat16', 'float32', 'float16')
+    """
+    if value not in DTYPES:
+        raise ValueError(f"unexpected precision: {value!r}")
+    return DTYPES[value]
+
+
 def reward_rule(config: Config) -> Derived:
-    """A reward model, else a custom function (file path and name), else verl's default scorer by data_source."""
+    """A reward model, else a custom function (file path and name), else verl's default scorer by data_source.
+
+    verl scores with a reward model in bfloat16 on the trainer's GPUs: its reward loop serves it with vLLM in
+    reward_model.rollout.dtype, and the older worker loads it in bfloat16 (workers/fsdp_workers.py
+    RewardModelWorker._build_model). Both decode the response and render prompt and response again in the
+    reward model's own chat template (reward_loop.py _preprocess_reward_inputs, always; the older worker when
+    reward_model.model.input_tokenizer is set, the actor's path by default). kuberl scores the actor's prompt
+    text followed by the response, in its reward pool.
+    """
     out = Derived()
     if config.get("reward_model.enable"):
-        out.fields["reward.model"] = {"path": model_location(config.get("reward_model.model.path"))}
+        loop = bool(config["reward_model.use_reward_loop"])
+        dtype = dtype_of(config["reward_model.rollout.dtype"]) if loop else "bfloat16"
+        out.fields["reward.model"] = {"path": model_location(config.get("reward_model.model.path")), "dtype": dtype}
         gpus = max(1, int(config["trainer.nnodes"]) * int(config["trainer.n_gpus_per_node"]))
         if config.get("reward_model.micro_batch_size_per_gpu"):
             out.fields["reward.model"]["batchSize"] = int(config["reward_model.micro_batch_size_per_gpu"])
         elif config.get("reward_model.micro_batch_size"):  # verl's older size, summed over GPUs
             out.fields["reward.model"]["batchSize"] = max(1, int(config["reward_model.micro_batch_size"]) // gpus)
+        if loop or config["reward_model.model.input_tokenizer"] is not None:
+            key = "reward_model.use_reward_loop" if loop else "reward_model.model.input_tokenizer"
+            why = (
+                "verl renders prompt and response again in the reward model's own chat template before scoring; "
+                "kuberl scores the actor's prompt text followed by the response"
+            )
+            out.lost.append(_lost(config, key, why, True))
+        why = (
+            "verl runs the reward model on the trainer's GPUs (reward_model.enable_resource_pool: a pool of its own); "
+            "kuberl's reward pool runs it on resources.reward, the CPU unless resources.reward.gpus asks for one"
+        )
+        out.lost.append(_lost(config, "reward_model.enable_resource_pool", why, False))
     elif config.get("custom_reward_function.path"):
         path, name = config["custom_reward_function.path"], config["custom_reward_function.name"]
         out.fields["reward.function"] = f"{path}:{name}"
@@ -134,22 +90,26 @@ def reward_rule(config: Config) -> Derived:
     return out
 
 
-def dynamic_sampling_rule(config: Config) -> Derived:
-    """DAPO's filter_groups -> algorithm.dynamicSampling."""
+#: Each model's weights dtype in verl (fsdp_config.model_dtype, fp32 for all three: trainer/config/engine/fsdp.yaml;
+#: compute runs in bfloat16 under FSDP mixed precision, as kuberl's training.computeDtype auto does on GPU).
+MODEL_DTYPES = {
+    f"{ACTOR}.fsdp_config.model_dtype": "models.actor.dtype",
+    f"{REF}.fsdp_config.model_dtype": "models.reference.dtype",
+    f"{CRITIC_MODEL}.fsdp_config.model_dtype": "models.critic.dtype",
+}
+
+
+def dtype_rule(config: Config) -> Derived:
+    """fsdp_config.model_dtype -> models.<role>.dtype. A LoRA actor's reference is its own base weights (in the
+    actor's dtype, in verl too: the actor with its adapters off)."""
     out = Derived()
-    if not config.get("algorithm.filter_groups.enable"):
-        return out
-    rounds = int(config.get("algorithm.filter_groups.max_num_gen_batches", 0) or 0)
-    metric = str(config.get("algorithm.filter_groups.metric", "acc"))
-    sampling: dict[str, Any] = {
-        "enabled": True,
-        "metric": {"seq_final_reward": "reward", "seq_reward": "score"}.get(metric, metric),
-        "maxRoundsPerStep": rounds if rounds > 0 else 1000,
-    }
-    if rounds <= 0:
-        why = "unbounded rounds: kuberl stops at 1000"
-        out.lost.append(_lost(config, "algorithm.filter_groups.max_num_gen_batches", why, False))
-    out.fields["algorithm.dynamicSampling"] = sampling
+    lora_reference = int(config[f"{MODEL}.lora_rank"] or 0) > 0 and not config.get(f"{REF}.model.path")
+    for key, field in MODEL_DTYPES.items():
+        dtype = dtype_of(config[key])
+        actor = out.fields["models.actor.dtype"] if "models.actor.dtype" in out.fields else None
+        if field == "models.reference.dtype" and (lora_reference or dtype == actor):
+            continue  # kuberl's reference takes the actor's dtype unless told otherwise
+        out.fields[field] = dtype
     return out
 
 
@@ -346,15 +306,27 @@ def padding_free_rule(config: Config) -> Derived:
     return out
 
 
-#: Each trained role's FSDP offload switches -> its RLJob offload section.
-OFFLOAD_ROLES = {f"{ACTOR}.fsdp_config": "models.actor.offload", "critic.model.fsdp_config": "models.critic.offload"}
-OFFLOAD_KEYS = tuple(
-    f"{prefix}.{key}" for prefix in OFFLOAD_ROLES for key in ("param_offload", "optimizer_offload", "offload_policy")
-) + (f"{REF}.fsdp_config.param_offload",)
+#: Each trained role's offload switches, FSDP's and Megatron's (a Megatron launch keeps its memory plan under FSDP2)
+#: -> its RLJob offload section.
+OFFLOAD_ROLES = {
+    "models.actor.offload": (f"{ACTOR}.fsdp_config", f"{ACTOR}.megatron"),
+    "models.critic.offload": ("critic.model.fsdp_config", "critic.megatron"),
+}
+REFERENCE_OFFLOADS = (f"{REF}.fsdp_config.param_offload", f"{REF}.megatron.param_offload")
+OFFLOAD_KEYS = (
+    *(
+        f"{prefix}.{key}"
+        for prefixes in OFFLOAD_ROLES.values()
+        for prefix in prefixes
+        for key in ("param_offload", "optimizer_offload", "offload_policy")
+    ),
+    *REFERENCE_OFFLOADS,
+)
 
 
 def offload_rule(config: Config) -> Derived:
-    """fsdp_config.param_offload / optimizer_offload / offload_policy -> models.<role>.offload.
+    """fsdp_config.param_offload / optimizer_offload / offload_policy, and megatron.param_offload /
+    optimizer_offload -> models.<role>.offload.
 
     kuberl offloads with FSDP2's CPUOffloadPolicy (verl's offload_policy), which keeps parameters, gradients and
     optimiser state in host memory together: a role that offloads either half gets both, and the half verl left
@@ -363,23 +335,48 @@ def offload_rule(config: Config) -> Derived:
     switch is reported, the actor's offload covers those weights.
     """
     out = Derived()
-    for prefix, field in OFFLOAD_ROLES.items():
-        params, optimizer = (bool(config.get(f"{prefix}.{key}")) for key in ("param_offload", "optimizer_offload"))
-        if config.get(f"{prefix}.offload_policy"):
+    for field, prefixes in OFFLOAD_ROLES.items():
+        switches = {
+            f"{prefix}.{key}": bool(config.get(f"{prefix}.{key}"))
+            for prefix in prefixes
+            for key in ("param_offload", "optimizer_offload")
+        }
+        params = any(on for key, on in switches.items() if key.endswith("param_offload"))
+        optimizer = any(on for key, on in switches.items() if key.endswith("optimizer_offload"))
+        if config.get(f"{prefixes[0]}.offload_policy"):
             params = optimizer = True
         elif params != optimizer:
-            key = f"{prefix}.{'optimizer_offload' if params else 'param_offload'}"
+            source = next(key for key, on in switches.items() if on).rsplit(".", 1)[0]
+            key = f"{source}.{'optimizer_offload' if params else 'param_offload'}"
             why = "FSDP2 offloads parameters and optimiser state together: kuberl offloads both"
             out.lost.append(LostKnob(key, config.get(key, False), why, False))
         if params or optimizer:
             out.fields[field] = {"params": True, "optimizer": True}
-    if config.get(f"{REF}.fsdp_config.param_offload"):
+    for key in REFERENCE_OFFLOADS:
+        if not config.get(key):
+            continue
         if int(config[f"{MODEL}.lora_rank"] or 0) > 0 and not config.get(f"{REF}.model.path"):
             why = "a LoRA actor's reference is its own base weights; models.actor.offload offloads them"
-            out.lost.append(_lost(config, f"{REF}.fsdp_config.param_offload", why, False))
+            out.lost.append(_lost(config, key, why, False))
         else:
             out.fields["models.reference.offload"] = {"params": True}
     return out
+
+
+MULTI_TURN = f"{ROLLOUT}.multi_turn."
+
+
+def multi_turn_rule(config: Config) -> Derived:
+    """verl's multi-turn rollout (multi_turn.enable with a tool or interaction config) is not carried: a kuberl
+    multi-turn job names an environment (spec.environment). With multi_turn.enable off its other keys do nothing."""
+    keys = {key for key in config if key.startswith(MULTI_TURN)}
+    if not config.get(f"{MULTI_TURN}enable"):
+        return Derived(consumed=keys)
+    why = (
+        "verl's tool and interaction configs are not carried: a kuberl multi-turn job names an environment "
+        "(spec.environment, runtime/environments/)"
+    )
+    return Derived(lost=[_lost(config, key, why, True) for key in sorted(keys)], consumed=keys)
 
 
 def engine_rule(config: Config) -> Derived:
@@ -430,50 +427,28 @@ def overlong_budget_rule(config: Config) -> Derived:
 
 #: Keys each joint rule reads.
 JOINT_KEYS: dict[Callable[[Config], Derived], tuple[str, ...]] = {
-    algorithm_rule: (
-        "algorithm.adv_estimator",
-        f"{LOSS}.loss_mode",
-        f"{ACTOR}.use_gpg_loss",
-        f"{ACTOR}.loss_agg_mode",
-        f"{ACTOR}.use_token_level_loss",
-        f"{LOSS}.clip_cov_ratio",
-        f"{LOSS}.clip_cov_lb",
-        f"{LOSS}.clip_cov_ub",
-        f"{LOSS}.kl_cov_ratio",
-        f"{LOSS}.ppo_kl_coef",
-        f"{ACTOR}.clip_ratio",
-        f"{ACTOR}.clip_ratio_low",
-        f"{ACTOR}.clip_ratio_high",
-    ),
-    kl_rule: (
-        f"{ACTOR}.use_kl_loss",
-        f"{ACTOR}.kl_loss_coef",
-        f"{ACTOR}.kl_loss_type",
-        "algorithm.use_kl_in_reward",
-        "algorithm.kl_penalty",
-        "algorithm.kl_ctrl.type",
-        "algorithm.kl_ctrl.kl_coef",
-    ),
+    **ALGORITHM_KEYS,
     lora_rule: (f"{MODEL}.lora_rank", f"{MODEL}.lora_alpha", f"{MODEL}.target_modules"),
     reward_rule: (
         "reward_model.enable",
         "reward_model.model.path",
         "reward_model.micro_batch_size_per_gpu",
         "reward_model.micro_batch_size",
+        "reward_model.use_reward_loop",
+        "reward_model.rollout.dtype",
+        "reward_model.model.input_tokenizer",
+        "reward_model.enable_resource_pool",
         "custom_reward_function.path",
         "custom_reward_function.name",
     ),
+    dtype_rule: tuple(MODEL_DTYPES),
     overlong_budget_rule: (
         *(f"{prefix}.{key}" for prefix in OVERLONG_BUFFERS for key in ("enable", "len", "penalty_factor", "log")),
         "reward_model.reward_kwargs.max_resp_len",
     ),
     config_rule: ("--config-name",),
     engine_rule: (f"{ROLLOUT}.name",),
-    dynamic_sampling_rule: (
-        "algorithm.filter_groups.enable",
-        "algorithm.filter_groups.metric",
-        "algorithm.filter_groups.max_num_gen_batches",
-    ),
+    multi_turn_rule: (f"{MULTI_TURN}enable",),
     data_rule: ("data.filter_overlong_prompts", "data.truncation"),
     resources_rule: ("trainer.nnodes", "trainer.n_gpus_per_node"),
     tracking_rule: ("trainer.logger", "trainer.project_name", "trainer.experiment_name"),

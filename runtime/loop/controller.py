@@ -40,11 +40,12 @@ from kuberl.runtime.deadline import step_deadline
 from kuberl.runtime.engines.updates import token_rewards_from_scores
 from kuberl.runtime.loop.dynamic_sampling import DynamicSampler, filter_values
 from kuberl.runtime.loop.plan import RunPlan
-from kuberl.runtime.loop.step_metrics import reward_metrics, trained_batch_metrics
+from kuberl.runtime.loop.step_metrics import reward_extra_metrics, reward_metrics, trained_batch_metrics
 from kuberl.runtime.loop.validation import Scored, validation_metrics
 from kuberl.runtime.pools.launch import Groups
 from kuberl.runtime.report.telemetry import stage_throughput
 from kuberl.runtime.rewards.functions import RewardResult
+from kuberl.runtime.rewards.sample import data_source
 from kuberl.runtime.rollout import rollout_stage
 from kuberl.runtime.rollout.base import VALIDATION_STREAM, Engines
 
@@ -138,10 +139,12 @@ class Controller:
         """The step's rollout, scored: every dynamic-sampling round, and the batch to train (if any)."""
         epoch, prompts = self.plan.loader.batch(step)
         timed = StageTimes()
+        rewards: list[RewardResult] = []  # every round's
 
         def generate_and_score(round_prompts: list[Prompt], round_index: int) -> tuple[RolloutBatch, torch.Tensor]:
             batch = timed("rollout", self.rollout, round_prompts, step, round_index)
             results = timed("reward", self.score, batch, round_prompts, step, round_index)
+            rewards.extend(results)
             metric = self.algo.dynamic_sampling.metric if self.algo.dynamic_sampling is not None else "score"
             return batch, filter_values(metric, batch, results)
 
@@ -153,6 +156,7 @@ class Controller:
             generated, batch, sampling_metrics = self.sampler.collect(prompts, step, generate_and_score)
         settings = self.settings
         metrics = {**reward_metrics(generated, settings.max_response_tokens, settings.overlong), **sampling_metrics}
+        metrics.update(reward_extra_metrics(rewards))
         metrics.update(self.rollout_stage.take_metrics())
         return Generated(step, epoch, generated, batch, metrics, timed.seconds)
 
@@ -404,7 +408,10 @@ class Controller:
             batch = self.rollout_stage.run(prompts, step, greedy=greedy, stream=VALIDATION_STREAM, record=False)
             per_prompt = len(batch) // len(prompts)
             results = self.score_rows(batch, [p.text for p in prompts for _ in range(per_prompt)])
-            ranked = [Scored(t, r.score, r.error is None) for t, r in zip(batch.texts, results, strict=True)]
+            ranked = [
+                Scored(text, result.score, result.error is None, data_source(sample), result.metrics, result.pred)
+                for text, result, sample in zip(batch.texts, results, batch.samples or [{}] * len(results), strict=True)
+            ]
             return [ranked[i * per_prompt : (i + 1) * per_prompt] for i in range(len(prompts))]
 
         greedy = scored(greedy=True)

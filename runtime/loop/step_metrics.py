@@ -3,11 +3,14 @@
 Pure functions of the batches; the names that others read too (the plot, the status) are metrics.py's.
 """
 
+from collections import defaultdict
+
 from kuberl.runtime.algorithms.masked import masked_mean
 from kuberl.runtime.algorithms.shaping import overlong_penalty
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.loop.settings import OverlongShaping
-from kuberl.runtime.report.telemetry import KL_MEAN, RESPONSE_LENGTH_MEAN, REWARD_MEAN
+from kuberl.runtime.report.telemetry import KL_MEAN, RESPONSE_LENGTH_MEAN, REWARD_EXTRA_PREFIX, REWARD_MEAN
+from kuberl.runtime.rewards.functions import RewardResult
 
 
 def reward_metrics(generated: RolloutBatch, max_new_tokens: int, overlong: OverlongShaping | None) -> dict[str, float]:
@@ -39,6 +42,22 @@ def reward_metrics(generated: RolloutBatch, max_new_tokens: int, overlong: Overl
         metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
         metrics["reward/overlong_fraction"] = float((penalty < 0).float().mean())
     return metrics
+
+
+def reward_extra_metrics(results: list[RewardResult]) -> dict[str, float]:
+    """`reward/extra/<name>`: the mean, over the step's scored responses that have it, of each number a reward
+    returned beside its score (verl's `acc`, ...).
+
+    >>> reward_extra_metrics([RewardResult(1.0, {"acc": 1.0}), RewardResult(-1.0, {"acc": 0.0}),
+    ...                       RewardResult(0.0, {"acc": 1.0}, error="timed out")])
+    {'reward/extra/acc': 0.5}
+    """
+    values: dict[str, list[float]] = defaultdict(list)
+    for result in results:
+        if result.error is None:
+            for name, value in result.metrics.items():
+                values[name].append(value)
+    return {f"{REWARD_EXTRA_PREFIX}{name}": sum(found) / len(found) for name, found in sorted(values.items())}
 
 
 def trained_batch_metrics(batch: RolloutBatch, engine_is_behaviour: bool) -> dict[str, float]:

@@ -33,6 +33,8 @@ GREEDY_MEAN = "val/greedy_mean"
 #: The step-record keys that more than the stage making them reads (the plot, the progress bar, the
 #: status, the final printout, the exporters).
 REWARD_MEAN = "reward/mean"
+#: `reward/extra/<name>`: the step's mean of each number a reward returns beside its score (verl's `acc`, ...).
+REWARD_EXTRA_PREFIX = "reward/extra/"
 KL_MEAN = "kl/mean"
 RESPONSE_LENGTH_MEAN = "response/length_mean"
 REWARD_POOL_SIZE = "reward/pool_size"

@@ -27,8 +27,9 @@ from kuberl.runtime.rewards.sample import require_ground_truth
 from kuberl.runtime.rewards.symbolic import math_verify
 from kuberl.runtime.rewards.verl_scorers import by_data_source
 
-#: What a reward function looks like; `kuberl.runtime.rewards.functions.score_safely` checks what it returns.
-RewardFn = Callable[[str, dict[str, Any]], float | tuple[float, dict[str, float]]]
+#: What a reward function looks like: a score, (score, metrics), or verl's {"score": ..., name: value, "pred": ...};
+#: `kuberl.runtime.rewards.functions.score_safely` checks what it returns.
+RewardFn = Callable[[str, dict[str, Any]], float | tuple[float, dict[str, float]] | dict[str, Any]]
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

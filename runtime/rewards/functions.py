@@ -9,8 +9,9 @@ Two signatures are accepted. kuberl's is `(completion, sample)`; verl's is `(dat
 ground_truth, extra_info, **kwargs)`, recognised by a parameter named `solution_str` and called with
 keywords as verl's reward managers call it, with the values read from the sample's record
 (rewards/sample.py). Either may return a score, `(score, {metric: value})`, or verl's
-`{"score": score, name: value, ...}` (its numeric entries become metrics; others, such as a predicted
-answer string, are not numbers and are left out).
+`{"score": score, name: value, ...}`: its numeric entries become metrics (logged as `reward/extra/<name>`), its
+`pred` string (the predicted answer, as verl's math_dapo scorer gives it) is kept for validation's majority vote,
+and other strings are left out.
 
 `score_safely` wraps every call: a user's function that raises, returns NaN, a string or a malformed
 tuple fails that one sample (score 0.0, the reason in `error`, one log line) and the batch goes on;
@@ -40,11 +41,13 @@ class RewardConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RewardResult:
-    """One sample's reward. `error` set means the function failed on this sample and `score` is 0.0."""
+    """One sample's reward. `error` set means the function failed on this sample and `score` is 0.0. `pred` is
+    the answer the scorer read from the response (verl's `pred`), when it says."""
 
     score: float
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    pred: str | None = None
 
 
 #: The function a reward file names when the reference gives none (verl's custom_reward_function.name default).
@@ -172,9 +175,11 @@ def _as_float(value: Any) -> float | None:
 
 def _check_result(result: Any) -> RewardResult:
     """RewardResult for a well-formed return value; raises _MalformedReturn naming what is wrong otherwise."""
+    pred = None
     if isinstance(result, dict):  # verl's {"score": ..., "acc": ..., "pred": "..."}: the numbers are metrics
         if "score" not in result:
             raise _MalformedReturn(f"returned {_preview(result)}; a dict needs a 'score' entry (verl's form)")
+        pred = result["pred"] if isinstance(result.get("pred"), str) else None
         extra = {k: v for k, v in result.items() if k != "score" and _as_float(v) is not None}
         result = (result["score"], extra)
     if isinstance(result, tuple):
@@ -196,7 +201,7 @@ def _check_result(result: Any) -> RewardResult:
                 f"returned metric {_preview(name)}: {_preview(raw_value)}; metrics must map names to finite numbers"
             )
         metrics[name] = value
-    return RewardResult(score, metrics)
+    return RewardResult(score, metrics, pred=pred)
 
 
 def checked_reward(value: Any, source: str) -> RewardResult:

@@ -2,22 +2,23 @@
 
 verl scores a sample of its preprocessed data with `default_compute_score(data_source, solution_str,
 ground_truth)` (verl/utils/reward_score/__init__.py) when no custom reward is given. This module gives
-the same scores for the math sources:
+the same scores as verl at commit b178a3cd (2026-01-29) for the math sources:
 
 - openai/gsm8k (verl's gsm8k.py, strict): 1.0 when the number after the last `#### ` in the response's
   last 300 characters, less commas and `$`, equals the ground truth; else 0.0.
-- lighteval/MATH, DigitalLearningGmbH/MATH-lighteval (math.py): 1.0 when the last `\\boxed{}` equals the
-  ground truth after Hendrycks' MATH normalisation; else 0.0.
-- math_dapo, aime* (math_dapo.py): +1.0 when the last `Answer: ...` line in the response's last 300
-  characters equals the ground truth after Minerva's normalisation; else -1.0; metric `acc` is 1 or 0.
+- lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500 (math_reward.py): 1.0 when the
+  last `\\boxed{}` equals the ground truth after Hendrycks' MATH normalisation; else 0.0.
+- math_dapo, math, math_dapo_reasoning, aime* (math_dapo.py): +1.0 when the last `Answer: ...` line in the
+  response's last 300 characters equals the ground truth after Minerva's normalisation; else -1.0; with verl's
+  `acc` (1 or 0, logged as a metric) and `pred` (the normalised answer, which validation's majority vote reads).
 
-Departures from verl, on purpose: a ground truth that is not a string (a number in a JSONL file) is
-compared as `str(ground_truth)` (verl would compare a string with a number and never match); and a
-data source without a scorer is refused when the job starts (rewards/checks.py) instead of raising
-NotImplementedError on the first sample. verl's code scorers (sandbox), prime_math (numina_*),
-geo3k and search-R1 sources are not here: name a reward function for them.
+A ground truth that is not a string (a number in a JSONL file) is used as it is, as verl uses it: gsm8k and MATH
+compare it with the extracted text and never match (0.0), math_dapo cannot normalise it and the sample fails,
+naming the type (verl raises there). A data source without a scorer is refused when the job starts
+(rewards/checks.py) instead of raising NotImplementedError on the first sample. verl's code scorers (sandbox),
+prime_math (numina_*), geo3k and search-R1 sources are not here: name a reward function for them.
 The comparison tests hold every scorer to a plain restatement of verl's on a table of cases
-(tests/unit/runtime/rewards/test_verl_scorers.py).
+(tests/unit/runtime/rewards/test_verl_scorers.py, tests/unit/runtime/rewards/verl_reward_reference.py).
 """
 
 import re
@@ -29,7 +30,7 @@ from kuberl.runtime.rewards.sample import data_source, require_ground_truth
 #: verl scores only the end of a response: regular expressions on long text are slow, answers come last.
 TAIL_CHARS = 300
 
-Scorer = Callable[[str, str], float | tuple[float, dict[str, float]]]
+Scorer = Callable[[str, Any], float | dict[str, Any]]
 
 
 # ---------------------------------------------------------------------------------------------- gsm8k
@@ -37,7 +38,7 @@ Scorer = Callable[[str, str], float | tuple[float, dict[str, float]]]
 _GSM8K_FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
-def gsm8k(solution: str, truth: str) -> float:
+def gsm8k(solution: str, truth: Any) -> float:
     """verl's gsm8k scorer, strict: the number after the last `#### `, less commas and dollar signs.
 
     >>> gsm8k("4 + 3 = 7 apples. #### 7", "7"), gsm8k("so 1,200 #### 1,200", "1200"), gsm8k("it is 7", "7")
@@ -137,7 +138,8 @@ def normalise_math(text: str) -> str:
         if len(parts) != 2:
             raise ValueError("more than one unit")
         text = parts[0]
-    text = text.replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.")
+    text = text.replace("\\\\%", "").replace("\\%", "")  # percent signs: \\% (as verl's math_reward.py) and \%
+    text = text.replace(" .", " 0.").replace("{.", "{0.")
     if not text:
         return text
     if text[0] == ".":
@@ -151,15 +153,16 @@ def normalise_math(text: str) -> str:
     return _integer_slash(text)
 
 
-def math_equivalent(answer: str, truth: str) -> bool:
-    """Equal after normalise_math; equal as written when normalising fails on either."""
+def math_equivalent(answer: str, truth: Any) -> bool:
+    """Equal after normalise_math; equal as written when normalising fails on either (verl catches every error
+    there: a ground truth that is not a string is compared as it is, and never equals the answer's text)."""
     try:
         return normalise_math(answer) == normalise_math(truth)
-    except (ValueError, IndexError):
-        return answer == truth
+    except (ValueError, IndexError, AttributeError, TypeError):
+        return bool(answer == truth)
 
 
-def hendrycks_math(solution: str, truth: str) -> float:
+def hendrycks_math(solution: str, truth: Any) -> float:
     r"""verl's MATH scorer: 1.0 when the last boxed answer is equivalent to the ground truth.
 
     >>> hendrycks_math(r"so the answer is $\boxed{\dfrac{1}{2}}$", "0.5"), hendrycks_math("1/2", "1/2")
@@ -260,16 +263,23 @@ def normalise_minerva(answer: str) -> str:
     return answer.strip()
 
 
-def math_dapo(solution: str, truth: str) -> tuple[float, dict[str, float]]:
-    """verl's DAPO math scorer: +1 when the last `Answer: ...` equals the ground truth (both normalised), else -1.
+def math_dapo(solution: str, truth: Any) -> dict[str, Any]:
+    """verl's DAPO math scorer: +1 when the last `Answer: ...` equals the ground truth (both normalised), else -1;
+    as verl's, a dict with `acc` (1 or 0) and `pred` (the normalised answer). A ground truth that is not a string
+    fails, as verl's raises.
 
     >>> math_dapo("... so we get 5.\\nAnswer: $5$", "5"), math_dapo("I think 5", "5")
-    ((1.0, {'acc': 1.0}), (-1.0, {'acc': 0.0}))
+    ({'score': 1.0, 'acc': 1.0, 'pred': '5'}, {'score': -1.0, 'acc': 0.0, 'pred': '[INVALID]'})
     """
+    if not isinstance(truth, str):
+        raise TypeError(
+            f"ground truth {truth!r} is a {type(truth).__name__}, not a string; verl's math_dapo scorer cannot "
+            "normalise it either (write the answers as strings)"
+        )
     found = _ANSWER_LINE.findall(solution[-TAIL_CHARS:])
     predicted = normalise_minerva(found[-1] if found else "[INVALID]")
     correct = predicted == normalise_minerva(truth)
-    return (1.0 if correct else -1.0), {"acc": float(correct)}
+    return {"score": 1.0 if correct else -1.0, "acc": float(correct), "pred": predicted}
 
 
 # ------------------------------------------------------------------------------------------- dispatch
@@ -279,7 +289,10 @@ DATA_SOURCE_SCORERS: dict[str, Scorer] = {
     "openai/gsm8k": gsm8k,
     "lighteval/MATH": hendrycks_math,
     "DigitalLearningGmbH/MATH-lighteval": hendrycks_math,
+    "HuggingFaceH4/MATH-500": hendrycks_math,
     "math_dapo": math_dapo,
+    "math": math_dapo,
+    "math_dapo_reasoning": math_dapo,
 }
 PREFIX_SCORERS: dict[str, Scorer] = {"aime": math_dapo}
 
@@ -297,8 +310,8 @@ def known_sources() -> str:
     return ", ".join([*DATA_SOURCE_SCORERS, *(f"{prefix}*" for prefix in PREFIX_SCORERS)])
 
 
-def by_data_source(completion: str, sample: dict[str, Any]) -> float | tuple[float, dict[str, float]]:
-    """verl's default reward: the scorer of the sample's data_source against reward_model.ground_truth.
+def by_data_source(completion: str, sample: dict[str, Any]) -> float | dict[str, Any]:
+    """verl's default reward: the scorer of the sample's data_source against reward_model.ground_truth (as it is).
 
     >>> by_data_source("#### 72", {"data_source": "openai/gsm8k", "reward_model": {"ground_truth": "72"}})
     1.0
@@ -307,4 +320,4 @@ def by_data_source(completion: str, sample: dict[str, Any]) -> float | tuple[flo
     scorer = scorer_for(source)
     if scorer is None:
         raise ValueError(f"no built-in scorer for data_source {source!r}; known: {known_sources()}")
-    return scorer(completion, str(require_ground_truth(sample)))
+    return scorer(completion, require_ground_truth(sample))

@@ -47,6 +47,8 @@ def test_dapo_with_failing_rewards_trains_informative_groups_and_validates(ray_s
             assert record["correction/is_truncated_fraction"] == 0 and record["correction/rejected_fraction"] == 0
         # the overlong penalty shows in the reward metrics: most random responses run to the budget
         assert record["reward/overlong_penalty_mean"] <= 0 and 0 <= record["reward/overlong_fraction"] <= 1
+        # and what the reward returns beside its score, the mean over the responses it scored (tiny_task's)
+        assert 0 <= record["reward/extra/matched_share"] <= 1 and record["reward/extra/extra_words"] >= 0
     assert sum(record["reward/failed"] for record in history) > 0  # the flaky reward did fail, and the run went on
     assert any(record["reward/overlong_fraction"] > 0 for record in history)
     # validation after steps 2 and 4, greedy and 4 samples per prompt; a graded reward: no pass@k / maj@k

@@ -119,6 +119,11 @@ def test_a_verl_gsm8k_grpo_job_learns_with_every_verl_feature_on(ray_session, tm
     validated = [record["step"] for record in history if "val/greedy_mean" in record]
     assert validated == [10, 20]
     assert all(0.0 <= history[step - 1]["val/mean@8"] <= 1.0 for step in validated)
+    # and verl's per-data-source metrics (one source here, every sample scored: its mean is val/mean@8)
+    for step in validated:
+        record = history[step - 1]
+        assert record["val/openai/gsm8k/reward/mean@8"] == pytest.approx(record["val/mean@8"])
+        assert record["val/openai/gsm8k/reward/mean@8"] <= record["val/openai/gsm8k/reward/best@8"] <= 1.0
 
     # the trackers hold exactly what metrics.jsonl holds, step by step
     lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]

@@ -107,11 +107,16 @@ def test_ppo_with_a_critic_pins_verls_gae_lambda_value_clip_and_weight_decay() -
     assert spec.checkpoint.interval_steps is None  # save_freq=-1
 
 
-def test_ppo_with_a_reward_model_loses_only_how_it_trains() -> None:
+def test_ppo_with_a_reward_model_reports_the_chat_template_verl_renders_again() -> None:
     conversion = conversion_of("ppo_reward_model.sh")
     assert (
         lost(conversion)
         == {
+            # verl decodes the response and renders the chat again in the reward model's template
+            # (experimental/reward_loop/reward_loop.py _preprocess_reward_inputs); kuberl scores the actor's text
+            "reward_model.use_reward_loop": True,
+            # verl runs it on the trainer's GPUs; kuberl's reward pool on resources.reward (CPU by default)
+            "reward_model.enable_resource_pool": False,
             # the reward model's token budget, packing and offload: it runs unsharded with transformers, padded
             "reward_model.use_dynamic_bsz": False,
             "reward_model.forward_max_token_len_per_gpu": False,
@@ -121,10 +126,12 @@ def test_ppo_with_a_reward_model_loses_only_how_it_trains() -> None:
         }
         | ROLLOUT_DTYPE
     )
-    assert conversion.changes_training == []
+    assert [knob.key for knob in conversion.changes_training] == ["reward_model.use_reward_loop"]
+    assert "the reward model's own chat template" in str(conversion.changes_training[0])
     spec = parse_rljob(conversion.manifest).spec
     assert spec.reward.model is not None and spec.reward.function is None
     assert (spec.reward.model.path, spec.reward.model.batch_size) == ("hf://sfairXC/FsfairX-LLaMA3-RM-v0.1", 2)
+    assert spec.reward.model.dtype == "bfloat16"  # verl's reward_model.rollout.dtype; kuberl's default is float32
     assert spec.training.micro_batch_size == 16  # ppo_micro_batch_size 128 over 8 GPUs, as verl divides it
     assert spec.algorithm.kl.coef == 0.0  # kl_ctrl.kl_coef is set, but use_kl_in_reward is verl's default False
     assert spec.data.validation == ["/home/me/data/gsm8k/test.parquet", "/home/me/data/math/test.parquet"]
@@ -176,10 +183,11 @@ def test_gspo_on_megatron_with_shell_arithmetic() -> None:
     assert (
         lost(conversion)
         == {
-            "actor_rollout_ref.actor.loss_agg_mode": True,  # token-mean: kuberl's gspo weighs each response once
+            # loss_agg_mode=token-mean loses nothing: verl's gspo aggregates per sequence whatever it says
             "data.gen_batch_size": True,
             "--config-name": False,  # Megatron: its defaults agree with ppo_trainer's where the converter reads
-            "actor_rollout_ref.actor.megatron.param_offload": False,
+            # megatron.param_offload is carried (models.actor.offload); FSDP2 offloads the optimiser with it
+            "actor_rollout_ref.actor.megatron.optimizer_offload": False,
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": False,  # pipeline size 1: nothing lost
             "trainer.logger": False,  # swanlab; wandb is carried
             "actor_rollout_ref.rollout.tensor_model_parallel_size": False,
@@ -195,6 +203,7 @@ def test_gspo_on_megatron_with_shell_arithmetic() -> None:
     by_key = {knob.key: knob.value for knob in conversion.lost}
     assert by_key["data.gen_batch_size"] == 20  # $((16 * 5 / 4)), integer division
     spec = parse_rljob(conversion.manifest).spec
+    assert spec.models.actor.offload.params and spec.models.actor.offload.optimizer  # megatron.param_offload=True
     # $(((4096 + 3072) * 1)) and * 3: the actor's update and its log-prob forward cut by tokens
     assert (spec.models.actor.max_tokens_per_micro_batch, spec.models.actor.forward_max_tokens_per_micro_batch) == (
         7168,
@@ -404,7 +413,7 @@ def test_a_variable_the_script_does_not_set_is_refused_naming_it_and_env_sets_it
         "ray job submit --working-dir $WORKDIR -- \\\n"  # the launcher's own options may read anything
         "  python3 -m verl.trainer.main_ppo data.train_files=$DATA/train.parquet actor_rollout_ref.model.path=/m\n"
     )
-    with pytest.raises(LaunchError, match="does not set: DATA; export them, or pass each as --env NAME=VALUE"):
+    with pytest.raises(LaunchError, match=r"\$DATA is set neither in the script nor in the environment \(line 2\)"):
         read_launch(script.read_text(), {})
     assert cli.main(["convert", "verl", str(script), "--env", "DATA=/d"]) == 0
     assert parse_rljob(yaml.safe_load(capsys.readouterr().out)).spec.data.train == "/d/train.parquet"

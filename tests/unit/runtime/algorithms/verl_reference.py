@@ -17,11 +17,14 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def agg(loss: Tensor, mask: Tensor, mode: str) -> Tensor:
-    """verl's agg_loss for the two modes the comparisons use."""
+    """verl's agg_loss for the modes the comparisons use, on one micro-batch with no global batch info (its
+    legacy FSDP worker, the default); seq-mean-token-sum-norm divides by the width, never by the sequences."""
     if mode == "token-mean":
         return masked_mean(loss, mask)
     if mode == "seq-mean-token-mean":
         return ((loss * mask).sum(-1) / mask.sum(-1)).mean()
+    if mode == "seq-mean-token-sum-norm":
+        return (loss * mask).sum(-1).sum() / mask.shape[-1]
     raise ValueError(mode)
 
 
@@ -83,6 +86,30 @@ def grpo_passk(token_rewards: Tensor, mask: Tensor, index: list[int], eps: float
             advantage = advantage / (group.std() + eps)
         out[members[int(top_index[0])]] = advantage
     return out[:, None] * mask
+
+
+def rloo_vectorized(token_rewards: Tensor, mask: Tensor, index: list[int]) -> Tensor:
+    """compute_rloo_vectorized_outcome_advantage: (c s - sum) / (c - 1) per group of c, 0 for a group of one."""
+    scores = token_rewards.sum(-1)
+    inverse = torch.unique(torch.tensor(index), return_inverse=True)[1]
+    count = torch.bincount(inverse)[inverse].to(scores.dtype)
+    total = torch.bincount(inverse, weights=scores)[inverse]
+    advantage = ((count * scores - total) / (count - 1).clamp_min(1)) * (count > 1)
+    return advantage[:, None] * mask
+
+
+def grpo_vectorized(token_rewards: Tensor, mask: Tensor, index: list[int], eps: float = 1e-6) -> Tensor:
+    """compute_grpo_vectorized_outcome_advantage with verl/utils/groupwise.py group_mean_std: the unbiased
+    variance, floored at eps, then (s - mean) / (std + eps); a group of one: mean 0, std 1."""
+    scores = token_rewards.sum(-1).to(torch.float32)
+    inverse = torch.unique(torch.tensor(index), return_inverse=True)[1]
+    count = torch.bincount(inverse).to(torch.float32)
+    total = torch.bincount(inverse, weights=scores)
+    squares = torch.bincount(inverse, weights=scores * scores)
+    mean = torch.where(count > 1, total / count, torch.zeros_like(total))
+    variance = ((squares - total * total / count) / (count - 1).clamp_min(1)).clamp_min(eps)
+    std = torch.where(count > 1, variance.sqrt(), torch.ones_like(variance))
+    return ((scores - mean[inverse]) / (std[inverse] + eps))[:, None] * mask
 
 
 # ---------------------------------------------------------------- policy losses

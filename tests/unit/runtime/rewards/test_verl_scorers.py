@@ -33,6 +33,8 @@ def test_docstring_examples_are_true() -> None:
         assert doctest.testmod(module).failed == 0, module.__name__
 
 
+MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning", "aime_2024", "aime25")
 GSM8K = [
     ("Natalia sold 48 + 24 = 72 clips. #### 72", "72", 1.0),
     ("so it is #### 1,200", "1200", 1.0),
@@ -52,6 +54,7 @@ MATH = [
     (r"\fbox{5}", "5", 0.0),
     (r"\boxed{x = 3}", "3", 1.0),
     (r"\boxed{10\%}", "10", 1.0),
+    (r"\boxed{10\\\\%}", "10", 1.0),  # \\ becomes \, and verl's math_reward.py then removes \\% too
     (r"\boxed{\sqrt2}", r"\sqrt{2}", 1.0),
     (r"\boxed{.5}", "0.5", 1.0),
     (r"\boxed{\left( 1, 2 \right)}", "(1,2)", 1.0),
@@ -77,8 +80,8 @@ DAPO = [
 @pytest.mark.parametrize(
     ("source", "solution", "truth", "expected"),
     [("openai/gsm8k", *case) for case in GSM8K]
-    + [(source, *case) for case in MATH for source in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval")]
-    + [(source, *case) for case in DAPO for source in ("math_dapo", "aime_2024", "aime25")],
+    + [(source, *case) for case in MATH for source in MATH_SOURCES]
+    + [(source, *case) for case in DAPO for source in DAPO_SOURCES],
 )
 def test_scores_equal_verls_and_the_worked_value(source: str, solution: str, truth: str, expected: float) -> None:
     assert verl_score(source, solution, truth) == expected  # the table is right about verl
@@ -88,28 +91,45 @@ def test_scores_equal_verls_and_the_worked_value(source: str, solution: str, tru
 PIECES = [
     "\\boxed{", "\\boxed ", "\\fbox{", "}", "{", "\\frac", "\\dfrac", "\\sqrt", "1", "2", "72", "0", "/", " ", ".",
     ",", "=", "-", "$", "\\$", "\\text{ ", "\\text{", "\\%", "\\!", "\\left(", "\\right)", "^\\circ", "####", "#### ",
-    "Answer:", "answer: ", "\n", "x", "a ", "an ", "dollars", "\\overline{", "\\\\",
+    "Answer:", "answer: ", "\n", "x", "a ", "an ", "dollars", "\\overline{", "\\\\", "\\\\\\\\%",
 ]  # fmt: skip
 texts = st.lists(st.sampled_from(PIECES), max_size=14).map("".join)
 
 
 @settings(max_examples=400, deadline=None)
-@given(source=st.sampled_from(["openai/gsm8k", "lighteval/MATH", "math_dapo"]), solution=texts, truth=texts)
+@given(source=st.sampled_from(["openai/gsm8k", *MATH_SOURCES, *DAPO_SOURCES]), solution=texts, truth=texts)
 def test_fuzzed_answers_score_as_verl_scores_them(source: str, solution: str, truth: str) -> None:
     assert kuberl_score(source, solution, truth) == verl_score(source, solution, truth)
 
 
-def test_math_dapo_reports_accuracy_beside_its_plus_minus_one_score() -> None:
+def test_math_dapo_reports_accuracy_and_its_prediction_beside_its_plus_minus_one_score() -> None:
     right = score_safely(by_data_source, "Answer: 5", verl_layout("math_dapo", "5"))
-    wrong = score_safely(by_data_source, "Answer: 4", verl_layout("math_dapo", "5"))
-    assert (right.score, right.metrics) == (1.0, {"acc": 1.0})
-    assert (wrong.score, wrong.metrics) == (-1.0, {"acc": 0.0})
+    wrong = score_safely(by_data_source, "so x = 4 dollars\nAnswer: x = 4 dollars", verl_layout("math_dapo", "5"))
+    assert (right.score, right.metrics, right.pred) == (1.0, {"acc": 1.0}, "5")
+    assert (wrong.score, wrong.metrics, wrong.pred) == (-1.0, {"acc": 0.0}, "4")
+    verl_wrong = verl.default_compute_score("math_dapo", "so x = 4 dollars\nAnswer: x = 4 dollars", "5")
+    assert (verl_wrong["acc"], verl_wrong["pred"]) == (False, "4")
 
 
-def test_a_number_as_ground_truth_is_compared_as_its_text() -> None:
-    # a JSONL file may hold 72 rather than "72"; verl would compare a string with an int and never match
-    record = {"data_source": "openai/gsm8k", "reward_model": {"ground_truth": 72}}
-    assert score_safely(by_data_source, "#### 72", record).score == 1.0
+@pytest.mark.parametrize("source", ["openai/gsm8k", *MATH_SOURCES])
+def test_a_number_as_ground_truth_never_matches_the_answers_text_as_in_verl(source: str) -> None:
+    # a JSONL file may hold 72 rather than "72": verl compares the extracted text with the number as it is
+    solution = "#### 72" if source == "openai/gsm8k" else r"\boxed{72}"
+    assert verl.default_compute_score(source, solution, 72) == 0.0
+    result = score_safely(by_data_source, solution, verl_layout(source, 72))
+    assert (result.score, result.error) == (0.0, None)
+
+
+@pytest.mark.parametrize("source", DAPO_SOURCES)
+def test_a_number_as_ground_truth_fails_the_sample_where_verl_raises(source: str) -> None:
+    with pytest.raises(AttributeError):  # verl's normalize_final_answer(72): 72.split
+        verl.default_compute_score(source, "Answer: 72", 72)
+    result = score_safely(by_data_source, "Answer: 72", verl_layout(source, 72))
+    assert result.score == 0.0 and result.error is not None and "is a int, not a string" in result.error
+    with pytest.raises(TypeError):  # "\\boxed{" + 72
+        verl.math_verify_compute_score("72", 72)
+    failed = score_safely(symbolic.math_verify, "72", {"answer": 72})
+    assert failed.error is not None and "is a int, not a string" in failed.error
 
 
 def test_an_unknown_data_source_fails_the_sample_naming_the_known_ones() -> None:

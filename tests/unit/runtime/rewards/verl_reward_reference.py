@@ -1,8 +1,11 @@
-"""verl's default rule-based scorers (verl/utils/reward_score/gsm8k.py, math.py, math_dapo.py), restated plainly.
+"""verl's default rule-based scorers, restated plainly, as verl has them at commit b178a3cd (2026-01-29):
+verl/utils/reward_score/__init__.py (default_compute_score, last changed d55929fd3), gsm8k.py (152c59930),
+math_reward.py (d73e600f4), math_dapo.py (00a10a8ef) and math_verify.py (b00f77d85).
 
-The yardstick the comparison tests hold kuberl's `runtime/rewards/verl_scorers.py` to: the same steps in
-verl's own order and shape (string splits, asserts caught by a broad except), written from verl's source
-as read with the search tool. No kuberl code is used here.
+The yardstick the comparison tests hold kuberl's `runtime/rewards/verl_scorers.py` and `symbolic.py` to: the
+same steps in verl's own order and shape (string splits, asserts caught by a broad except, a ground truth that
+is not a string used as it is, so that it raises where verl raises), written from verl's source as read with the
+fetch tool. No kuberl code is used here.
 """
 
 import re
@@ -20,7 +23,7 @@ def gsm8k_compute_score(solution_str, ground_truth, method="strict", format_scor
     return score if final == ground_truth else format_score
 
 
-# ------------------------------------------------------------------------- math.py (Hendrycks MATH)
+# ------------------------------------------------------------------ math_reward.py (Hendrycks MATH)
 
 
 def math_compute_score(solution_str, ground_truth):
@@ -140,6 +143,7 @@ def _strip_string(string):
     string = string.replace("^{\\circ}", "").replace("^\\circ", "")
     string = string.replace("\\$", "")
     string = _remove_right_units(string)
+    string = string.replace("\\\\%", "")  # math_reward.py removes \\% and then \%
     string = string.replace("\\%", "")
     string = string.replace(" .", " 0.").replace("{.", "{0.")
     if len(string) == 0:
@@ -205,11 +209,38 @@ def math_dapo_compute_score(solution_str, ground_truth):
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}
 
 
+def math_verify_compute_score(model_output, ground_truth, timeout_score=0):
+    from math_verify.errors import TimeoutException
+    from math_verify.metric import math_metric
+    from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
+
+    verify_func = math_metric(
+        gold_extraction_target=(LatexExtractionConfig(),),
+        pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()),
+    )
+    ret_score = 0.0
+    ground_truth_boxed = "\\boxed{" + ground_truth + "}"
+    try:
+        ret_score, _ = verify_func([ground_truth_boxed], [model_output])
+    except Exception:
+        pass
+    except TimeoutException:
+        ret_score = timeout_score
+    return ret_score
+
+
 def default_compute_score(data_source, solution_str, ground_truth):
     if data_source == "openai/gsm8k":
-        return float(gsm8k_compute_score(solution_str, ground_truth))
-    if data_source in ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"]:
-        return float(math_compute_score(solution_str, ground_truth))
-    if data_source == "math_dapo" or data_source.startswith("aime"):
-        return math_dapo_compute_score(solution_str, ground_truth)
-    raise NotImplementedError(f"Reward function is not implemented for {data_source=}")
+        res = gsm8k_compute_score(solution_str, ground_truth)
+    elif data_source in ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"]:
+        res = math_compute_score(solution_str, ground_truth)
+    elif data_source in ["math_dapo", "math", "math_dapo_reasoning"] or data_source.startswith("aime"):
+        res = math_dapo_compute_score(solution_str, ground_truth)
+    else:
+        raise NotImplementedError(f"Reward function is not implemented for {data_source=}")
+    if isinstance(res, dict):
+        return res
+    elif isinstance(res, int | float | bool):
+        return float(res)
+    else:
+        return float(res[0])
