@@ -12,7 +12,7 @@ from kuberl.runtime.algorithms.advantages import AdvantageInputs
 from kuberl.runtime.algorithms.losses import PolicyLossConfig, PolicyLossInputs, aggregate_loss, policy_loss
 from kuberl.verl.command import read_launch
 from kuberl.verl.convert import Conversion, convert
-from tests.unit.runtime import verl_reference as verl
+from tests.unit.runtime.algorithms import verl_reference as verl
 
 LAUNCH = "python3 -m verl.trainer.main_ppo data.train_files=/d/train.parquet actor_rollout_ref.model.path=/m "
 GRPO = "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 "
