@@ -286,6 +286,12 @@ def validation_needs_prompts(spec: "RLJobSpec") -> Iterator[RuleProblem]:
             ("training", "validationEverySteps"),
             "validation every N steps needs validation prompts; set data.validation, or remove validationEverySteps",
         )
+    if spec.training.validate_before_training and spec.data.validation is None:
+        yield (
+            ("training", "validateBeforeTraining"),
+            "validation before training needs validation prompts; set data.validation, or remove "
+            "validateBeforeTraining",
+        )
 
 
 def engine_args_are_vllms(rollout: "RolloutSpec") -> Iterator[RuleProblem]:

@@ -730,6 +730,12 @@ class TrainingSpec(KuberlModel):
         le=MAX_STEPS,
         description="Score data.validation every N steps (it is always scored after the last step).",
     )
+    validate_before_training: bool = Field(
+        False,
+        description="Also score data.validation once before the first step (verl's trainer.val_before_train, on by "
+        "default there and so in a converted job): the untrained model's scores as the record of step 0 in "
+        "metrics.jsonl, TensorBoard and the trackers, and in status.validation. A resumed run does not score again.",
+    )
     compute_dtype: ComputeDType = Field(
         ComputeDType.AUTO,
         description="Precision of the trainers' forward and backward passes; parameters, gradients and optimiser "

@@ -147,6 +147,17 @@ class StepRecorder:
         if preempted and not final:
             raise Preempted(result.step + 1, latest)
 
+    def before_training(self, metrics: dict[str, float]) -> None:
+        """The validation before the first step (training.validateBeforeTraining): the record of step 0 in
+        metrics.jsonl, TensorBoard and the trackers, and status.validation. Nothing trained, so nothing is saved
+        and the run's health has nothing to judge."""
+        self.reporter.log_before_training(metrics)
+        if self.exporter is not None:
+            self.exporter.record(self.reporter.history[-1])
+        self.trackers.record(self.reporter.history[-1])
+        progress = {"step": 0, "totalSteps": self.plan.total_steps, "epoch": 0, "etaSeconds": None}
+        self.publisher.publish(progress, status_metrics(metrics), None, validation_status(metrics, 0))
+
     def export_checkpoint(self) -> None:
         """The latest committed checkpoint's step and time, for Prometheus."""
         latest = self.checkpointing.latest
@@ -219,7 +230,11 @@ def _run(
             )
             recorder.export_checkpoint()  # the one resumed from
             try:
-                controller_for(plan, groups).run(start_step, recorder)
+                controller = controller_for(plan, groups)
+                before = controller.validate_before_training(start_step)
+                if before is not None:
+                    recorder.before_training(before)
+                controller.run(start_step, recorder)
             except JobFailed as failure:  # status.lastCheckpoint names the same one
                 raise failure.with_checkpoint(checkpointing.latest) from None
             finally:

@@ -123,6 +123,7 @@ def convert(overrides: dict[str, Any], name: str | None = None) -> Conversion:
     if "data.val_files" not in config:  # nothing to validate: verl's validation knobs lose nothing
         lost = [knob for knob in lost if not knob.key.startswith(("trainer.val_", "actor_rollout_ref.rollout.val"))]
         fields.pop("training.validationEverySteps", None)
+        fields.pop("training.validateBeforeTraining", None)
     if "models.critic" not in fields:  # no critic (no gae): its knobs have nothing to act on
         fields = {path: value for path, value in fields.items() if not path.startswith(CRITIC_ONLY)}
         lost = [knob for knob in lost if not knob.key.startswith("critic.")]

@@ -392,6 +392,18 @@ class Controller:
             result.metrics.update(self.validate(result.step))
         result.metrics["time/validation"] = time.perf_counter() - started
 
+    def validate_before_training(self, start_step: int) -> dict[str, float] | None:
+        """training.validateBeforeTraining: the untrained model's validation metrics, before the first step of a
+        fresh run (None otherwise). It samples with step 0's validation seeds, as the validation after the first
+        step does: the two differ by the weights only."""
+        if start_step > 0 or not self.spec.training.validate_before_training or self.plan.validation is None:
+            return None
+        started = time.perf_counter()
+        with step_deadline(0, self.spec.training.step_timeout_seconds):
+            metrics = self.validate(0)
+        metrics["time/validation"] = time.perf_counter() - started
+        return metrics
+
     def validation_due(self, step: int) -> bool:
         """data.validation is scored every training.validationEverySteps steps and after the last step."""
         if self.plan.validation is None:

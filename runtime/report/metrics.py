@@ -77,6 +77,16 @@ class RunReporter:
             self.bar.set_postfix(shown, refresh=False)
             self.bar.update(1)
 
+    def log_before_training(self, metrics: dict[str, float]) -> None:
+        """The record of step 0, before any training step (training.validateBeforeTraining); the bar stays at 0."""
+        record = {"step": 0, "epoch": 0, **metrics}
+        self.history.append(record)
+        self.metrics_file.write(metrics_line(record))
+        self.metrics_file.flush()
+        if self.tensorboard is not None:
+            for name, value in metrics.items():
+                self.tensorboard.add_scalar(name, value, 0)
+
     def close(self) -> Path | None:
         if self.bar is not None:
             self.bar.close()

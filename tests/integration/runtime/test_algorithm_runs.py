@@ -1,5 +1,5 @@
 """DAPO in full on the embedded default: dynamic sampling, the overlong penalty, failing rewards, the rollout
-correction, validation.
+correction, validation (before training too).
 
 The per-preset learning check (each preset 20 steps, reward rises) is bench/presets.py; this run
 checks the wiring of everything a step can now do, on real Ray, FSDP2 over gloo and the tiny model.
@@ -27,11 +27,14 @@ def test_dapo_with_failing_rewards_trains_informative_groups_and_validates(ray_s
             "data.validation": str(VALIDATION),
             "training.totalSteps": 4,
             "training.validationEverySteps": 2,
+            "training.validateBeforeTraining": True,
         }
     )
     assert job.spec.reward.overlong_penalty.buffer_length == 2  # a fifth of maxNewTokens 12
     run = run_job(job, tmp_path, demo_base_dir(), progress=False)
-    history = run.history
+    before, history = run.history[0], run.history[1:]
+    # validateBeforeTraining: the untrained model scored as the record of step 0, with nothing trained in it
+    assert before["step"] == 0 and before["val/samples"] == 4 and "actor/loss" not in before
     assert [record["step"] for record in history] == [1, 2, 3, 4]
     for record in history:
         # dynamic sampling: no more groups train than were found informative, and never more than the batch
@@ -57,5 +60,5 @@ def test_dapo_with_failing_rewards_trains_informative_groups_and_validates(ray_s
     last = history[-1]
     assert last["val/samples"] == 4 and 0 <= last["val/mean@4"] <= 1 and "val/pass@4" not in last
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [("val/mean@4" in line) for line in lines] == [False, True, False, True]
+    assert [("val/mean@4" in line) for line in lines] == [True, False, True, False, True]
     assert any((tmp_path / "tensorboard").iterdir()) and (tmp_path / "training.png").stat().st_size > 10_000

@@ -237,6 +237,12 @@ BROKEN = [
         "set data.validation",
     ),
     (
+        "validation before training without prompts",
+        {"training.validateBeforeTraining": True},
+        "spec.training.validateBeforeTraining",
+        "set data.validation",
+    ),
+    (
         "engine arguments for the hf engine",
         {"rollout.engine": "hf", "rollout.engineArgs": {"max_num_seqs": 4}},
         "spec.rollout.engineArgs",
@@ -384,6 +390,10 @@ VALID = [
         {"algorithm.rolloutCorrection": {"rejection": "geometric"}, "rollout.useEngineLogprobs": True},
     ),
     ("validation with prompts", {"training.validationEverySteps": 5, "data.validation": "/v.jsonl"}),
+    (
+        "validation before training with prompts",
+        {"training.validateBeforeTraining": True, "data.validation": "/v.jsonl"},
+    ),
     (
         "a LoRA reference of its own in bfloat16",
         {"models.actor": {"path": "/m", "lora": {}}, "models.reference": {"path": "/r", "dtype": "bfloat16"}},

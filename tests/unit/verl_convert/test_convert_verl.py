@@ -45,7 +45,6 @@ def test_grpo_gsm8k_converts_without_losing_anything_that_trains() -> None:
         lost(conversion)
         == {
             "actor_rollout_ref.rollout.tensor_model_parallel_size": False,  # set to 2 by the script
-            "trainer.val_before_train": False,  # verl's default: validate before the first step
         }
         | ROLLOUT_DTYPE
     )
@@ -70,6 +69,7 @@ def test_grpo_gsm8k_converts_without_losing_anything_that_trains() -> None:
     assert (spec.data.batch_size, spec.algorithm.mini_batch_size, spec.rollout.max_new_tokens) == (1024, 256, 1024)
     assert (spec.data.overlong_prompt, spec.data.chat_template) == ("drop", True)
     assert (spec.training.epochs, spec.training.validation_every_steps, spec.checkpoint.interval_steps) == (15, 5, 20)
+    assert spec.training.validate_before_training  # verl's default val_before_train: validate before the first step
     assert spec.training.micro_batch_size == 40  # actor, reference and rollout all 40: one size carries them
     assert (spec.resources.actor.replicas, spec.resources.actor.gpus, spec.rollout.gpu_memory_utilization) == (
         1,
@@ -336,7 +336,7 @@ def test_the_cli_prints_a_manifest_that_validates_and_lists_lost_knobs(tmp_path,
     assert cli.main(["validate", str(tmp_path / "job.yaml")]) == 0
     assert yaml.safe_load(out)["spec"]["data"]["train"][0] == "/home/me/data/gsm8k/train.parquet"
     lines = err.splitlines()
-    assert len(lines) == 2 and all(line.startswith("lost: ") for line in lines)
+    assert len(lines) == 1 and lines[0].startswith("lost: ")  # val_before_train is carried now
     assert (
         "lost: actor_rollout_ref.rollout.tensor_model_parallel_size=2: the converted job's engine is colocated" in err
     )
@@ -423,7 +423,8 @@ def test_validation_knobs_without_validation_files_lose_nothing() -> None:
     launch = f"{MINIMAL} trainer.test_freq=5 trainer.val_before_train=True actor_rollout_ref.rollout.val_kwargs.n=4"
     conversion = convert.convert(read_launch(launch))
     assert lost(conversion) == ROLLOUT_DTYPE | VERL_TP
-    assert parse_rljob(conversion.manifest).spec.training.validation_every_steps is None
+    training = parse_rljob(conversion.manifest).spec.training
+    assert training.validation_every_steps is None and not training.validate_before_training
 
 
 @pytest.mark.parametrize(
