@@ -179,7 +179,9 @@ class AlgorithmSpec(KuberlModel):
         description="How advantages are computed from rewards: gae (needs a critic), grpo, rloo, opo (OPO, "
         "arXiv 2505.23585: length-weighted group baseline), gpg (GPG, arXiv 2504.02546), grpo_passk (Pass@k "
         "training, arXiv 2503.19595: only each group's best response learns), reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, remax. Default: the preset's.",
+        "reinforce_plus_plus_baseline, remax, optimal_token_baseline and tir_optimal_token_baseline (verl's "
+        "optimal token baseline: a baseline per token weighted by the old policy's path variance; the tir form "
+        "aligns an episode's model tokens in order; both need the old-log-prob pass). Default: the preset's.",
     )
     normalize_advantage_std: bool | None = Field(
         None,

@@ -32,6 +32,8 @@ class AdvantageEstimator(StrEnum):
     OPO = "opo"
     GPG = "gpg"
     GRPO_PASSK = "grpo_passk"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
 
 
 #: Estimators that compare samples of the same prompt with each other, so need groupSize > 1.
@@ -43,6 +45,8 @@ GROUP_ESTIMATORS = frozenset(
         AdvantageEstimator.OPO,
         AdvantageEstimator.GPG,
         AdvantageEstimator.GRPO_PASSK,
+        AdvantageEstimator.OPTIMAL_TOKEN_BASELINE,
+        AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE,
     }
 )
 

@@ -44,6 +44,22 @@ def gae_needs_a_critic(spec: "RLJobSpec") -> Iterator[RuleProblem]:
         )
 
 
+#: Estimators that read the trainer's old-log-prob pass (its log-probs and each token's sum_v pi(v)^2).
+TOKEN_BASELINE_ESTIMATORS = frozenset(
+    {AdvantageEstimator.OPTIMAL_TOKEN_BASELINE, AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE}
+)
+
+
+def token_baselines_need_the_trainers_pass(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    estimator = spec.algorithm.advantage_estimator
+    if estimator in TOKEN_BASELINE_ESTIMATORS and spec.rollout.use_engine_logprobs:
+        yield (
+            ("rollout", "useEngineLogprobs"),
+            f"advantageEstimator {estimator} weighs each token by the trainer's old policy (its log-probs and "
+            "sum_v pi(v)^2 from the old-log-prob pass), which useEngineLogprobs skips; set it false",
+        )
+
+
 def group_estimators_need_groups(algorithm: "AlgorithmSpec") -> Iterator[RuleProblem]:
     estimator = algorithm.advantage_estimator
     if estimator in GROUP_ESTIMATORS and (algorithm.group_size or 1) < 2:
@@ -472,6 +488,7 @@ OFFLOAD_RULES: tuple[Rule, ...] = (optimizer_offload_goes_with_params,)
 #: Rules that read more than one section of the spec.
 SPEC_RULES: tuple[Rule, ...] = (
     gae_needs_a_critic,
+    token_baselines_need_the_trainers_pass,
     critic_pool_needs_a_critic,
     colocated_rollout_uses_the_actor_pool,
     tensor_parallel_fits_its_pool,

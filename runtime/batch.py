@@ -41,6 +41,7 @@ class RolloutBatch:
     old_logprobs: Tensor | None = None  # (N, R) log π_old, the behaviour policy
     ref_logprobs: Tensor | None = None  # (N, R) log π_ref
     values: Tensor | None = None  # (N, R) critic values V(s_t)
+    sum_pi_squared: Tensor | None = None  # (N, R) sum_v pi_old(v)^2 at each token (token-baseline estimators)
     # advantages
     token_rewards: Tensor | None = None  # (N, R) score on the last token, minus the KL penalty when in the reward
     advantages: Tensor | None = None  # (N, R)

@@ -26,6 +26,8 @@ ESTIMATORS = {
     "opo": ("grpo", "opo"),
     "gpg": ("grpo", "gpg"),
     "grpo_passk": ("grpo", "grpo_passk"),
+    "optimal_token_baseline": ("grpo", "optimal_token_baseline"),
+    "tir_optimal_token_baseline": ("grpo", "tir_optimal_token_baseline"),
 }
 POLICY_LOSSES = {"vanilla": "ppo_clip"} | {
     name: name for name in ("gspo", "cispo", "clip_cov", "kl_cov", "gpg", "geo_mean", "sapo")

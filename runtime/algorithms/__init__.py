@@ -17,6 +17,7 @@ from kuberl.runtime.algorithms import (
     registry,
     reinforce_losses,
     returns,
+    token_baselines,
 )
 from kuberl.runtime.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -45,4 +46,5 @@ __all__ = [
     "registry",
     "reinforce_losses",
     "returns",
+    "token_baselines",
 ]

@@ -5,7 +5,7 @@ registered under their `AdvantageEstimator` names, in modules by family:
 - `group_baselines`: each response against the other responses to its prompt (grpo, rloo, opo,
   gpg, grpo_passk, reinforce_plus_plus_baseline);
 - `returns`: per-token returns, with a critic or a batch statistic as baseline (gae,
-  reinforce_plus_plus, remax).
+  reinforce_plus_plus, remax);
 Each follows verl's `trainer/ppo/core_algos.py`; its docstring says where it departs.
 
 Conventions every estimator keeps:
@@ -19,12 +19,9 @@ Conventions every estimator keeps:
   so a per-token KL penalty in the reward counts towards it.
 - Every output is exactly 0 on padding, and what sits in the padding of the inputs is ignored.
 
-Not registered: verl's `optimal_token_baseline` (OTB), whose per-token baseline weighs each return
-by the cumulative path variance W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi(v)^2). It fits the
-`reads` mechanism (it would read old log-probs and a `sum_pi_squared` input), but sum_v pi(v)^2 is a
-reduction over the whole vocabulary at every token that the trainer's log-prob pass does not
-return, and reading old log-probs before the update turns off the on-policy shortcut. It waits for
-the trainer to offer that reduction.
+- `token_baselines`: a baseline per token, weighted by the old policy's path variance
+  (optimal_token_baseline, tir_optimal_token_baseline); they read the old log-probs and each token's
+  sum_v pi(v)^2, which the trainer's old-log-prob pass returns when asked.
 """
 
 from collections.abc import Callable
@@ -44,6 +41,9 @@ class AdvantageInputs:
     values: Tensor | None = None  # (N, R) critic values V(s_t) (gae only)
     baseline_scores: Tensor | None = None  # (N,) score of the greedy response to each sample's prompt (remax only)
     scored: Tensor | None = None  # (N,) bool: the sample's reward succeeded; None means every one did
+    old_logprobs: Tensor | None = None  # (N, R) log pi_old of the sampled tokens (token baselines only)
+    sum_pi_squared: Tensor | None = None  # (N, R) sum_v pi_old(v)^2 at each token (token baselines only)
+    is_weights: Tensor | None = None  # (N, R) truncated importance weights (rolloutCorrection), when there are
     gamma: float = 1.0
     lam: float = 1.0
     normalize_std: bool = True  # grpo: divide by the group std (False = Dr. GRPO)
@@ -59,6 +59,9 @@ class AdvantageInputs:
             "values": (self.values, (n, r)),
             "baseline_scores": (self.baseline_scores, (n,)),
             "scored": (self.scored, (n,)),
+            "old_logprobs": (self.old_logprobs, (n, r)),
+            "sum_pi_squared": (self.sum_pi_squared, (n, r)),
+            "is_weights": (self.is_weights, (n, r)),
         }
         for field, (tensor, shape) in expected.items():
             if tensor is not None and tuple(tensor.shape) != shape:

@@ -20,6 +20,7 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -213,6 +214,21 @@ class FSDPTrainer:
         full_precision: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """(m, R) log-probs of the response tokens, and their entropies when asked, on this trainer's device."""
+        scores = self.response_scores(inputs, temperature, entropy=with_entropy, full_precision=full_precision)
+        return scores.logprobs, scores.entropy
+
+    def response_scores(
+        self,
+        inputs: ForwardInput,
+        temperature: float,
+        *,
+        entropy: bool = False,
+        sum_pi_squared: bool = False,
+        full_precision: bool = False,
+    ) -> "TokenScores":
+        """What one forward pass gives of each response token (m, R), on this trainer's device: its log-prob under
+        the temperature-scaled distribution, and when asked that distribution's entropy and sum_v pi(v)^2 (the
+        token baselines' path variance reads it)."""
         outputs, targets = self._predictions(inputs, full_precision)
         logits = outputs.float()  # (K, V)
         if temperature > 0:
@@ -220,8 +236,15 @@ class FSDPTrainer:
         labels = inputs.response_ids.reshape(-1)  # (m * R,)
         labels = labels if targets is None else labels.index_select(0, targets)  # (K,)
         shape = inputs.response_ids.shape
-        entropy = into_rows(entropy_from_logits(logits), shape, targets) if with_entropy else None  # (m, R)
-        return into_rows(logprobs_from_logits(logits, labels), shape, targets), entropy  # (m, R)
+
+        def rows(values: Tensor) -> Tensor:
+            return into_rows(values, shape, targets)  # (m, R)
+
+        return TokenScores(
+            logprobs=rows(logprobs_from_logits(logits, labels)),
+            entropy=rows(entropy_from_logits(logits)) if entropy else None,
+            sum_pi_squared=rows(sum_of_squared_probabilities(logits)) if sum_pi_squared else None,
+        )
 
     def on_device(self, inputs: ForwardInput) -> ForwardInput:
         """Host rows as this trainer's forward passes read them: on its device, packed when it trains padding-free."""
@@ -243,13 +266,36 @@ class FSDPTrainer:
 
         `base_only`: with the LoRA adapters switched off, i.e. the base model (the KL reference of a LoRA run).
         """
+        scores = self.scores(batch, temperature, MicroBatching(micro_batch_size, max_tokens), full_precision, base_only)
+        return scores.logprobs
+
+    @torch.no_grad()
+    def scores(
+        self,
+        batch: ForwardInput,
+        temperature: float,
+        batching: MicroBatching,
+        full_precision: bool = False,
+        base_only: bool = False,
+        sum_pi_squared: bool = False,
+    ) -> "TokenScores":
+        """`response_scores` of every row (n, R), pass by pass, read back to the host once at the end."""
         self.model.eval()
         with adapters_off(self.model) if base_only else contextlib.nullcontext():
             parts = [
-                self.response_logprobs(self.on_device(batch.rows(rows)), temperature, full_precision=full_precision)[0]
-                for rows in self.micro_batches(batch, MicroBatching(micro_batch_size, max_tokens))
+                self.response_scores(
+                    self.on_device(batch.rows(rows)),
+                    temperature,
+                    sum_pi_squared=sum_pi_squared,
+                    full_precision=full_precision,
+                )
+                for rows in self.micro_batches(batch, batching)
             ]
-        return self.to_host(torch.cat(parts))  # (n, R)
+        logprobs = self.to_host(torch.cat([part.logprobs for part in parts]))  # (n, R)
+        if not sum_pi_squared:
+            return TokenScores(logprobs)
+        squares = self.to_host(torch.cat([part.sum_pi_squared for part in parts if part.sum_pi_squared is not None]))
+        return TokenScores(logprobs, sum_pi_squared=squares)  # (n, R) each
 
     @torch.no_grad()
     def values(self, batch: ForwardInput, micro_batch_size: int, max_tokens: int | None = None) -> Tensor:
@@ -319,6 +365,27 @@ class FSDPTrainer:
             full = full.full_tensor() if isinstance(full, DTensor) else full
             yield name, full.detach()
             del full
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Per response token of m rows, (m, R) each: what a forward pass gives beside the model's outputs."""
+
+    logprobs: Tensor  # log pi(token) under the temperature-scaled distribution
+    entropy: Tensor | None = None  # its entropy
+    sum_pi_squared: Tensor | None = None  # sum_v pi(v)^2, the distribution's collision probability
+
+
+def sum_of_squared_probabilities(logits: Tensor) -> Tensor:
+    """(K,) sum_v softmax(z)_v^2 of each row of logits z (K, V), as exp(logsumexp(2z) - 2 logsumexp(z)): one pass
+    over the vocabulary, no (K, V) probabilities kept.
+
+    >>> import torch
+    >>> round(float(sum_of_squared_probabilities(torch.log(torch.tensor([[0.5, 0.25, 0.25]])))[0]), 6)
+    0.375
+    """
+    logits = logits.float()  # (K, V)
+    return torch.exp(torch.logsumexp(2 * logits, dim=-1) - 2 * torch.logsumexp(logits, dim=-1))  # (K,)
 
 
 def into_rows(values: Tensor, shape: torch.Size, targets: Tensor | None) -> Tensor:

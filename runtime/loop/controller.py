@@ -107,6 +107,7 @@ class Controller:
         self.group_size = self.settings.group_size
         self.estimator = ADVANTAGE_ESTIMATORS.get(str(spec.algorithm.advantage_estimator))
         self.needs_baseline = "baseline_scores" in estimator_reads(self.estimator)
+        self.needs_sum_pi_squared = "sum_pi_squared" in estimator_reads(self.estimator)
         self.algo = spec.algorithm
         sampling = spec.algorithm.dynamic_sampling
         self.sampler = None
@@ -257,6 +258,21 @@ class Controller:
             )
         return torch.cat(parts) * batch.response_mask  # (N, R)
 
+    def _old_logprobs_and_sum_pi_squared(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's old-log-prob pass, returning each token's sum_v pi(v)^2 too (a token-baseline estimator)."""
+        micro = self.settings.micro.forward("actor")
+        parts = self.groups.host("actor").call_sharded(
+            "compute_logprobs",
+            batch,
+            role="actor",
+            temperature=self.settings.sampling.temperature,
+            micro_batch_size=micro.rows,
+            max_tokens=micro.max_tokens,
+            sum_pi_squared=True,
+        )
+        logprobs = torch.cat([part[0] for part in parts]) * batch.response_mask  # (N, R)
+        return logprobs, torch.cat([part[1] for part in parts]) * batch.response_mask  # (N, R) each
+
     def reference_logprobs(self, batch: RolloutBatch) -> None:
         """batch.ref_logprobs, unless the asynchronous producer already computed them (AsyncController.generate)."""
         if self.settings.kl.coef > 0 and batch.ref_logprobs is None:
@@ -265,6 +281,8 @@ class Controller:
     def old_logprobs(self, batch: RolloutBatch) -> None:
         if self.settings.use_engine_logprobs:
             batch.old_logprobs = batch.engine_logprobs
+        elif self.needs_sum_pi_squared:  # the estimator reads both before the update: one pass gives them
+            batch.old_logprobs, batch.sum_pi_squared = self._old_logprobs_and_sum_pi_squared(batch)
         elif not self.update_config.on_policy:
             batch.old_logprobs = self._forward("actor", batch)
 
@@ -309,6 +327,9 @@ class Controller:
             lam=self.algo.lam,
             normalize_std=bool(self.algo.normalize_advantage_std),
             scored=batch.scored,
+            old_logprobs=batch.old_logprobs,
+            sum_pi_squared=batch.sum_pi_squared,
+            is_weights=batch.is_weights,
         )
         batch.advantages, batch.returns = self.estimator(inputs)  # (N, R), (N, R)
 

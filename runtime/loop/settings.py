@@ -12,8 +12,10 @@ torch and knows nothing of the RLJob).
 from dataclasses import dataclass, replace
 
 from kuberl.api import AlgorithmSpec, KLPlacement, RLJobSpec
+from kuberl.runtime.algorithms.advantages import estimator_reads
 from kuberl.runtime.algorithms.correction import CorrectionConfig
 from kuberl.runtime.algorithms.losses import PolicyLossConfig
+from kuberl.runtime.algorithms.registry import ADVANTAGE_ESTIMATORS
 from kuberl.runtime.engines.micro_batches import MicroBatching
 from kuberl.runtime.engines.updates import UpdateConfig
 from kuberl.runtime.rollout.base import Sampling
@@ -213,15 +215,18 @@ def behaviour_is_current_policy(
 
     That holds with one PPO epoch over one mini-batch (the policy has not moved when each token's
     log-prob is first computed), when the engine's log-probs are not the behaviour policy, and when
-    no stage before the update reads them (a KL penalty in the reward does, and so does the rollout
+    no stage before the update reads them (a KL penalty in the reward does, a token-baseline estimator does, and
+    so does the rollout
     correction's rejection, which must drop tokens before the update counts its denominators). The
     correction's truncated weight pi_old / pi_engine is then computed in the update from the same
     forward pass (UpdateConfig.on_policy_correction): an asynchronous run's decoupled PPO costs no extra pass.
     """
+    estimator = ADVANTAGE_ESTIMATORS.get(str(spec.algorithm.advantage_estimator))
     return (
         spec.algorithm.ppo_epochs == 1
         and mini_batches == 1
         and not spec.rollout.use_engine_logprobs
         and not kl.in_reward
+        and "old_logprobs" not in estimator_reads(estimator)  # the token baselines read pi_old before the update
         and (correction is None or correction.rejection is None)
     )

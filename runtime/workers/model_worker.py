@@ -25,6 +25,7 @@ from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu, process_group_backend
 from kuberl.runtime.engines.inputs import forward_input
+from kuberl.runtime.engines.micro_batches import MicroBatching
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
 from kuberl.runtime.models.dtypes import reference_dtype, torch_dtype
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
@@ -210,8 +211,20 @@ class ModelWorker:
         return self.engine.generate(prompts, params)
 
     def compute_logprobs(
-        self, batch: RolloutBatch, role: str, temperature: float, micro_batch_size: int, max_tokens: int | None = None
+        self,
+        batch: RolloutBatch,
+        role: str,
+        temperature: float,
+        micro_batch_size: int,
+        max_tokens: int | None = None,
+        sum_pi_squared: bool = False,
     ) -> Any:
+        """(n, R) this shard's log-probs under `role`'s model; with `sum_pi_squared` (the actor's old-log-prob pass
+        when the estimator reads it) the pair (log-probs, sum_v pi(v)^2), from the same pass."""
+        if sum_pi_squared:
+            batching = MicroBatching(micro_batch_size, max_tokens)
+            scores = self.trainers[role].scores(forward_input(batch), temperature, batching, sum_pi_squared=True)
+            return scores.logprobs, scores.sum_pi_squared
         if role == "reference" and self.reference_is_base:
             return self.trainers["actor"].logprobs(
                 forward_input(batch), temperature, micro_batch_size, base_only=True, max_tokens=max_tokens

@@ -237,6 +237,18 @@ BROKEN = [
         "set data.validation",
     ),
     (
+        "a token baseline on the engine's log-probs",
+        {"algorithm.advantageEstimator": "optimal_token_baseline", "rollout.useEngineLogprobs": True},
+        "spec.rollout.useEngineLogprobs",
+        "sum_v pi(v)^2",
+    ),
+    (
+        "a token baseline without groups",
+        {"algorithm.advantageEstimator": "tir_optimal_token_baseline", "algorithm.groupSize": 1},
+        "spec.algorithm.groupSize",
+        "needs groupSize >= 2",
+    ),
+    (
         "validation before training without prompts",
         {"training.validateBeforeTraining": True},
         "spec.training.validateBeforeTraining",

@@ -525,3 +525,12 @@ def test_a_token_budget_below_the_longest_sequence_is_raised_and_reported() -> N
     assert spec.models.actor.max_tokens_per_micro_batch == 1536
     assert spec.models.actor.forward_max_tokens_per_micro_batch is None  # its own switch is off
     assert spec.models.reference is not None and spec.models.reference.max_tokens_per_micro_batch == 1536
+
+
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_verls_optimal_token_baselines_convert_to_the_same_estimator(estimator: str) -> None:
+    launch = f"{MINIMAL} algorithm.adv_estimator={estimator} actor_rollout_ref.rollout.n=4"
+    conversion = convert.convert(read_launch(launch))
+    assert "algorithm.adv_estimator" not in lost(conversion)
+    algorithm = parse_rljob(conversion.manifest).spec.algorithm
+    assert (algorithm.advantage_estimator, algorithm.group_size) == (estimator, 4)

@@ -213,6 +213,8 @@ def with_padding(inputs: AdvantageInputs, fill: float) -> AdvantageInputs:
         group_index=inputs.group_index,
         values=torch.full_like(inputs.token_rewards, 0.3).masked_fill(padding, fill),  # (N, R)
         baseline_scores=torch.linspace(0.0, 1.0, len(inputs.group_index)),  # (N,)
+        old_logprobs=torch.full_like(inputs.token_rewards, -0.7).masked_fill(padding, fill),  # (N, R)
+        sum_pi_squared=torch.full_like(inputs.token_rewards, 0.4).masked_fill(padding, fill),  # (N, R)
         gamma=0.9,
         lam=0.95,
     )
@@ -236,7 +238,8 @@ def test_inputs_with_mismatched_shapes_name_the_field() -> None:
 
 
 def test_estimators_declare_the_optional_inputs_they_read() -> None:
-    # The controller runs a critic only for `values` and a greedy rollout only for `baseline_scores`.
+    # The controller runs a critic only for `values`, a greedy rollout only for `baseline_scores`, and asks the
+    # old-log-prob pass for sum_pi_squared only for the token baselines.
     names = ADVANTAGE_ESTIMATORS.names()
     optional = {name: estimator_reads(ADVANTAGE_ESTIMATORS.get(name)) - BASE_READS for name in names}
     assert optional == {
@@ -249,6 +252,9 @@ def test_estimators_declare_the_optional_inputs_they_read() -> None:
         "reinforce_plus_plus_baseline": set(),
         "remax": {"baseline_scores"},
         "rloo": set(),
+        # the old-log-prob pass, with each token's sum_v pi(v)^2; the rollout correction's weights where there are
+        "optimal_token_baseline": {"old_logprobs", "sum_pi_squared", "is_weights"},
+        "tir_optimal_token_baseline": {"old_logprobs", "sum_pi_squared", "is_weights"},
     }
 
 
@@ -259,6 +265,8 @@ def test_estimators_run_on_only_the_inputs_they_declare(estimator: str) -> None:
     inputs = shared_batch(
         values=torch.zeros(5, R) if "values" in declared else None,
         baseline_scores=torch.zeros(5) if "baseline_scores" in declared else None,
+        old_logprobs=torch.full((5, R), -0.7) if "old_logprobs" in declared else None,
+        sum_pi_squared=torch.full((5, R), 0.4) if "sum_pi_squared" in declared else None,
     )
     advantages, returns = estimate(inputs)
     assert advantages.shape == returns.shape == (5, R)

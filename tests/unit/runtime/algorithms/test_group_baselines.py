@@ -101,7 +101,8 @@ def test_equals_verls_formula_on_random_groups(estimator: str, seed: int) -> Non
 
 
 def estimator_inputs(scores: list[float], groups: list[int], scored: list[bool] | None = None) -> AdvantageInputs:
-    """Outcome rewards of lengths 1..3, with values and greedy baselines so every estimator can run."""
+    """Outcome rewards of lengths 1..3, with values, greedy baselines and the old policy's per-token numbers, so
+    every estimator can run."""
     lengths = [1 + i % 3 for i in range(len(scores))]
     return AdvantageInputs(
         token_rewards=outcome_rewards(scores, lengths),
@@ -109,6 +110,8 @@ def estimator_inputs(scores: list[float], groups: list[int], scored: list[bool] 
         group_index=torch.tensor(groups),
         values=torch.linspace(0.1, 0.9, len(scores) * R).view(len(scores), R),
         baseline_scores=torch.full((len(scores),), 0.25),
+        old_logprobs=-torch.linspace(0.2, 2.0, len(scores) * R).view(len(scores), R),
+        sum_pi_squared=torch.linspace(0.1, 0.8, len(scores) * R).view(len(scores), R),
         scored=None if scored is None else torch.tensor(scored),
         gamma=0.9,
         lam=0.95,
@@ -123,6 +126,8 @@ def without_row(inputs: AdvantageInputs, row: int) -> AdvantageInputs:
         group_index=inputs.group_index[keep],
         values=None if inputs.values is None else inputs.values[keep],
         baseline_scores=None if inputs.baseline_scores is None else inputs.baseline_scores[keep],
+        old_logprobs=None if inputs.old_logprobs is None else inputs.old_logprobs[keep],
+        sum_pi_squared=None if inputs.sum_pi_squared is None else inputs.sum_pi_squared[keep],
         gamma=inputs.gamma,
         lam=inputs.lam,
     )

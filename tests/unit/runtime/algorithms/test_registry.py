@@ -48,8 +48,8 @@ def test_unknown_name_lists_the_known_names_sorted() -> None:
     with pytest.raises(UnknownNameError) as caught:
         ADVANTAGE_ESTIMATORS.get("grpoo")
     assert str(caught.value) == (
-        "unknown advantage estimator 'grpoo'; known: gae, gpg, grpo, grpo_passk, opo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, remax, rloo"
+        "unknown advantage estimator 'grpoo'; known: gae, gpg, grpo, grpo_passk, opo, optimal_token_baseline, "
+        "reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo, tir_optimal_token_baseline"
     )
 
 

@@ -112,6 +112,96 @@ def grpo_vectorized(token_rewards: Tensor, mask: Tensor, index: list[int], eps: 
     return ((scores - mean[inverse]) / (std[inverse] + eps))[:, None] * mask
 
 
+# ---------------------------------------------------------------- estimators (a baseline per token)
+
+
+def _otb_inputs(
+    token_rewards: Tensor, mask: Tensor, old_log_probs: Tensor, sum_pi_squared: Tensor, is_weights: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """compute_*optimal_token_baseline_advantage's steps 0-3: the returns-to-go and W_t, as verl writes them."""
+    returns = (token_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+    if is_weights is not None:
+        w = w * (is_weights**2)
+    return returns, (w * mask).cumsum(dim=-1)
+
+
+def optimal_token_baseline(
+    token_rewards: Tensor,
+    mask: Tensor,
+    index: list[int],
+    old_log_probs: Tensor,
+    sum_pi_squared: Tensor,
+    is_weights: Tensor | None = None,
+    eps: float = 1e-8,
+) -> Tensor:
+    """compute_optimal_token_baseline_advantage, handle_zero_tail=True (its default)."""
+    returns, w_cumulative = _otb_inputs(token_rewards, mask, old_log_probs, sum_pi_squared, is_weights)
+    baselines = torch.zeros_like(returns)
+    for members in _groups(index).values():
+        if len(members) == 1:
+            continue
+        idx = torch.tensor(members)
+        group_mask = mask[idx]
+        numerator = (returns[idx] * w_cumulative[idx] * group_mask).sum(dim=0)
+        denominator = (w_cumulative[idx] * group_mask).sum(dim=0) + eps
+        baselines[idx] = (numerator / denominator).unsqueeze(0).expand(len(members), -1)
+        lengths = group_mask.sum(dim=-1)
+        ordered = torch.sort(lengths).values
+        longest, second = int(ordered[-1].item()), int(ordered[-2].item())
+        at_longest = (lengths == longest).nonzero(as_tuple=True)[0]
+        if at_longest.numel() == 1 and longest > second:
+            baselines[members[int(at_longest[0])], second:] = 0.0
+    return (returns - baselines) * mask
+
+
+def tir_optimal_token_baseline(
+    token_rewards: Tensor,
+    mask: Tensor,
+    index: list[int],
+    old_log_probs: Tensor,
+    sum_pi_squared: Tensor,
+    is_weights: Tensor | None = None,
+    eps: float = 1e-8,
+) -> Tensor:
+    """compute_multi_turn_optimal_token_baseline_advantage, handle_zero_tail=True (its default)."""
+    token_returns, w_cumulative = _otb_inputs(token_rewards, mask, old_log_probs, sum_pi_squared, is_weights)
+    lengths = mask.sum(dim=-1).to(torch.long)
+    width = int(lengths.max().item())
+    all_w = w_cumulative.new_zeros((len(lengths), width))
+    all_returns = torch.zeros_like(all_w)
+    for i in range(len(lengths)):
+        if int(lengths[i]) == 0:
+            continue
+        row = mask[i].bool()
+        all_w[i, : int(lengths[i])] = w_cumulative[i, row]
+        all_returns[i, : int(lengths[i])] = token_returns[i, row]
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i in range(len(lengths)):
+        if int(lengths[i]) > 0:
+            groups[index[i]].append(i)
+    baselines = torch.zeros_like(all_returns)
+    for members in groups.values():
+        idx = torch.tensor(members)
+        if len(members) == 1:
+            baselines[idx[0]] = 0.0
+            continue
+        b_star = (all_returns[idx] * all_w[idx]).sum(dim=0) / (all_w[idx].sum(dim=0) + eps)
+        baselines[idx] = b_star.to(baselines.dtype)
+        group_lengths = lengths[idx]
+        ordered = torch.sort(group_lengths).values
+        longest, second = int(ordered[-1].item()), int(ordered[-2].item())
+        at_longest = (group_lengths == longest).nonzero(as_tuple=True)[0]
+        if at_longest.numel() == 1 and longest > second:
+            baselines[members[int(at_longest[0])], second:] = 0.0
+    all_advantages = all_returns - baselines
+    advantages = torch.zeros_like(token_returns)
+    for i in range(len(lengths)):
+        if int(lengths[i]) > 0:
+            advantages[i, mask[i].bool()] = all_advantages[i, : int(lengths[i])]
+    return advantages * mask
+
+
 # ---------------------------------------------------------------- policy losses
 
 

@@ -34,10 +34,8 @@ from kuberl.runtime.engines.base import EngineAsleepError, SleepState
 from kuberl.runtime.engines.fsdp import FSDPTrainer, process_group_backend
 from kuberl.runtime.engines.sampling import generator_device
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
-from kuberl.runtime.loop.controller import Controller, Generated
-from kuberl.runtime.loop.settings import step_settings
 from kuberl.runtime.workers.model_worker import ModelWorker
-from tests.integration.runtime.jobs import demo_job
+from tests.unit.runtime.loop.recording import train_one_step
 
 META = torch.device("meta")
 VOCAB, HIDDEN = 32, 8
@@ -301,87 +299,14 @@ def test_an_engine_asleep_refuses_to_generate_or_take_weights() -> None:
         state.require_awake("generate")
 
 
-class RecordingGroup:
-    """A worker-group double: records each call's method in `log`, and answers as a rank of the real worker would
-    (shapes and keys, no model)."""
-
-    def __init__(self, name: str, log: list[str], world_size: int = 1) -> None:
-        self.group = SimpleNamespace(name=name)
-        self.world_size, self.log = world_size, log
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        self.log.append(method)
-        answers = {
-            "sleep_engine": {"engine/sleep_freed_bytes": 0.0},
-            "sync_weights": {"sync/bytes": 1.0, "sync/seconds": 0.0},
-            "publish_weights": [],
-            "probe_logprobs": {"trainer": [0.0], "engine": [0.0]},
-        }
-        return [answers[method]] * self.world_size
-
-    def call_sharded(self, method: str, batch: RolloutBatch, **kwargs: Any) -> list[Any]:
-        self.log.append(method)
-        shards = batch.shard(self.world_size)
-        if method == "update_actor":
-            return [({"actor/loss": 0.0}, torch.zeros_like(shard.response_mask)) for shard in shards]
-        return [torch.zeros_like(shard.response_mask) for shard in shards]
-
-
-class RecordingPool:
-    """A separate rollout pool double: records weight loads."""
-
-    chunks, version = 1, 0
-
-    def __init__(self, log: list[str]) -> None:
-        self.log = log
-
-    def load(self, buckets: Any, version: int) -> list[dict[str, float]]:
-        self.log.append("pool load")
-        return [{"sync/bytes": 1.0, "sync/seconds": 0.0}]
-
-    def metrics(self) -> dict[str, float]:
-        return {}
-
-
-def train_one_step(separate_pool: bool) -> tuple[list[str], dict[str, float]]:
-    changes = {"training.totalSteps": 2}
-    if separate_pool:
-        changes.update({"rollout.placement": "separate", "resources.rollout": {"replicas": 1, "cpus": 1}})
-    job = demo_job(**changes)
-    log: list[str] = []
-    actor = RecordingGroup("actor", log)
-    groups = SimpleNamespace(
-        actor=actor,
-        rollout=RecordingPool(log) if separate_pool else None,
-        environment=None,
-        reward=SimpleNamespace(metrics=dict),
-        host=lambda role: actor,
-    )
-    plan = SimpleNamespace(
-        job=job,
-        tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=1),
-        mini_batches=1,
-        actor_world_size=1,
-        total_steps=2,
-        validation=None,
-        settings=step_settings(job.spec, mini_batches=1, actor_world_size=1),
-    )
-    batch = host_batch()
-    batch.old_logprobs = batch.ref_logprobs = None
-    batch.scores = torch.ones(ROWS)
-    controller = Controller(plan, groups)  # type: ignore[arg-type]
-    result = controller.train(Generated(0, 0, batch, batch, {}, {}))
-    return log, result.metrics
-
-
 def test_a_colocated_step_puts_the_engine_to_sleep_before_the_trainers_passes_and_wakes_it_in_the_sync() -> None:
-    log, metrics = train_one_step(separate_pool=False)
+    log, metrics = train_one_step(host_batch(), separate_pool=False)
     assert log.index("sleep_engine") == 0 and log.count("sleep_engine") == 1
     assert log.index("sync_weights") > log.index("update_actor")  # the sync wakes it (see the worker's test)
     assert metrics["engine/sleep_freed_bytes"] == 0.0 and "time/sleep" in metrics
 
 
 def test_a_separate_rollout_pool_never_sleeps() -> None:
-    log, metrics = train_one_step(separate_pool=True)
+    log, metrics = train_one_step(host_batch(), separate_pool=True)
     assert "sleep_engine" not in log and "pool load" in log
     assert "engine/sleep_freed_bytes" not in metrics

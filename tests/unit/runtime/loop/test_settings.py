@@ -63,3 +63,8 @@ def test_no_runtime_code_fills_in_the_group_size_again() -> None:
         if re.search(r"group_size\s+or\s+\d", line)
     ]
     assert refills == []
+
+
+def test_a_token_baseline_estimator_needs_the_old_log_probs_as_a_pass_of_their_own() -> None:
+    settings = settings_of(**{"algorithm.advantageEstimator": "optimal_token_baseline"})
+    assert not settings.update.on_policy  # the estimator reads pi_old and sum_v pi(v)^2 before the update
