@@ -193,6 +193,7 @@ class ConditionReason(StrEnum):
     RESTARTED_FROM_CHECKPOINT = "RestartedFromCheckpoint"
     MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
     INVALID_CONFIGURATION = "InvalidConfiguration"
+    KUBERAY_REFUSED = "KubeRayRefused"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED_BY_USER = "ResumedByUser"
