@@ -487,7 +487,11 @@ SPEC_RULES: tuple[Rule, ...] = (
 
 def raise_rule_problems(model: Any, rules: tuple[Rule, ...]) -> None:
     """Run `rules` on a field-valid model; raise every problem found as one pydantic error."""
-    problems = [problem for rule in rules for problem in rule(model)]
+    raise_problems([problem for rule in rules for problem in rule(model)])
+
+
+def raise_problems(problems: list[RuleProblem]) -> None:
+    """Raise `problems` (paths relative to what is validated) as one pydantic error, each with its own path."""
     if problems:
         summary = "; ".join(".".join(map(str, path)) + ": " + message for path, message in problems)
         raise PydanticCustomError(RULES_ERROR_TYPE, "{summary}", {"summary": summary, "problems": problems})

@@ -495,6 +495,17 @@ def test_an_invalid_spec_creates_nothing_and_says_why():
     assert "spec.models.critic" in created["message"]
 
 
+def test_a_malformed_pod_template_past_the_webhook_is_an_invalid_spec_not_a_failing_pass():
+    world = World(rljob=make_rljob())
+    template = {"spec": {"containers": [{"name": {"a": 1}}]}}  # a container name that is a map
+    world.rljob["spec"]["resources"] = {"head": {"podTemplate": template}}
+    decision = world.step(at(0))  # raised TypeError (merging containers by name), on every retry
+    assert decision.apply == ()
+    created = world.condition("Created")
+    assert (created["status"], created["reason"]) == ("False", "InvalidSpec")
+    assert "spec.resources.head.podTemplate.spec.containers[0].name: expected a string" in created["message"]
+
+
 def test_an_invalid_edit_of_a_running_job_is_refused_and_the_job_keeps_running(world: World):
     running(world)
     world.edit_spec({"algorithm": {"name": "ppo"}})
