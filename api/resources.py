@@ -7,6 +7,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from kuberl.api.base import KuberlModel
+from kuberl.api.enums import Role
 from kuberl.api.limits import MAX_DURATION_SECONDS
 from kuberl.api.pod_template import pod_template_problems
 from kuberl.api.rules import RESOURCES_RULES, raise_problems, raise_rule_problems
@@ -158,6 +159,12 @@ class ResourcesSpec(KuberlModel):
         "joins loads the newest weights before it generates; a replica that dies mid-generation has its chunk "
         "generated once by another, and is replaced when the pool falls below minReplicas.",
     )
+
+    @property
+    def autoscaled(self) -> bool:
+        """Whether any pool is elastic: the operator then turns KubeRay's in-tree autoscaler on."""
+        pools = (getattr(self, role.value) for role in Role)
+        return any(pool is not None and pool.is_elastic for pool in pools)
 
     @model_validator(mode="after")
     def _rules(self) -> "ResourcesSpec":

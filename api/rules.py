@@ -23,6 +23,7 @@ from kuberl.api.enums import (
     RolloutEngine,
     RolloutPlacement,
 )
+from kuberl.api.kuberay import KUBERAY_RULES
 from kuberl.api.policy_losses import LOSS_KNOB_SECTIONS, SEQUENCE_LEVEL_LOSSES
 
 if TYPE_CHECKING:
@@ -482,6 +483,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     episode_budgets_fit,
     episodes_use_a_fixed_rollout_pool,
     pods_outlive_the_stop_window,
+    *KUBERAY_RULES,
 )
 
 

@@ -516,8 +516,9 @@ def _queued(p: _Pass, name: str) -> None:
 def _refused(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
     """KubeRay's own validation refused the RayJob (ValidationFailed): Failed with KubeRay's words, no restart.
 
-    A restart builds the same RayJob from the same spec, which KubeRay would refuse the same way. Before, the job
-    stayed Starting forever without a word (and Argo CD showed it Progressing)."""
+    A restart builds the same RayJob from the same spec, which KubeRay would refuse the same way. The rules of
+    KubeRay 1.6 that an RLJob reaches are refused at the door (api/kuberay.py); this is for the others (a newer
+    KubeRay's), so the job says why instead of Starting forever."""
     detail = rayjob_message(rayjob) or "no reason given"
     message = f"KubeRay refused RayJob {name} ({detail}); fix the spec and create the job again"
     p.status = replace(p.status, phase=Phase.FAILED, completion_time=p.now_text(), dashboard_url=None)

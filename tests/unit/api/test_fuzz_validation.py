@@ -5,7 +5,9 @@ The second half is what the webhook, `kuberl validate --cluster` and every recon
 job (operator/webhook.py `review`, operator/builders.py `build_rayjob`): a value `parse_rljob` let through that
 they cannot read (a pod template's `spec: "x"`, `containers: [1.5]`, a mount path that is a number) crashed
 them all, the webhook with a bare 500. Pod templates get mutations of their own, aimed at the values the
-operator merges and reads.
+operator merges and reads. And KubeRay accepts the RayJob built for an admitted job (its validation,
+transcribed in tests/unit/operator/kuberay_validation.py): a podTemplate's `containers: []` was admitted and
+refused by KubeRay after creation.
 """
 
 import copy
@@ -18,6 +20,7 @@ from kuberl.api import ManifestError, RLJob, parse_rljob
 from kuberl.operator.builders import Owner, build_rayjob
 from kuberl.operator.webhook import review
 from tests.conftest import REPO
+from tests.unit.operator.kuberay_validation import kuberay_refusal
 
 EXAMPLES = [yaml.safe_load(path.read_text()) for path in sorted((REPO / "examples").glob("*.yaml"))]
 
@@ -66,9 +69,10 @@ def check(document):
             assert isinstance(problem.path, str) and problem.message
     else:
         assert isinstance(job, RLJob)
-        # what the webhook answers, and what the operator builds, for a job the door let in
+        # what the webhook answers, and what the operator builds, for a job the door let in; and KubeRay takes it
         review({**document, "metadata": {**document.get("metadata", {}), "namespace": "fuzz"}})
-        build_rayjob(job, Owner(name=job.metadata.name, namespace="fuzz", uid="u"), 0, default_image="i", generation=1)
+        owner = Owner(name=job.metadata.name, namespace="fuzz", uid="u")
+        assert kuberay_refusal(build_rayjob(job, owner, 0, default_image="i", generation=1)) is None
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -301,6 +301,62 @@ BROKEN = [
         "greater than 0",
     ),
     (
+        "RAY_REDIS_ADDRESS without GCS fault tolerance (KubeRay 1.6.2 ValidateRayClusterSpec)",
+        {"env": [{"name": "RAY_REDIS_ADDRESS", "value": "redis:6379"}]},
+        "spec.env[0].name",
+        "gcsFaultToleranceOptions",
+    ),
+    (
+        "REDIS_USERNAME in the head's Ray container",
+        {
+            "resources.head": {
+                "podTemplate": {
+                    "spec": {"containers": [{"name": "ray-head", "env": [{"name": "REDIS_USERNAME", "value": "ray"}]}]}
+                }
+            }
+        },
+        "spec.resources.head.podTemplate.spec.containers[0].env[0].name",
+        "Redis user",
+    ),
+    (
+        "autoscaler v2 without an elastic pool",
+        {"env": [{"name": "RAY_enable_autoscaler_v2", "value": "1"}]},
+        "spec.env[0].name",
+        "in-tree autoscaling",
+    ),
+    (
+        "a head without containers",
+        {"resources.head": {"podTemplate": {"spec": {"containers": []}}}},
+        "spec.resources.head.podTemplate.spec.containers",
+        "KubeRay refuses a pod without one",
+    ),
+    (
+        "a pool without containers",
+        {"resources.reward": {"podTemplate": {"spec": {"containers": []}}}},
+        "spec.resources.reward.podTemplate.spec.containers",
+        "ray-worker",
+    ),
+    (
+        "token authentication turned off in env",
+        {"env": [{"name": "RAY_AUTH_MODE", "value": "disabled"}]},
+        "spec.env[0].name",
+        "RAY_AUTH_MODE=disabled would turn authentication off",
+    ),
+    (
+        "token authentication turned off in a pool's Ray container",
+        {
+            "resources.actor": {
+                "podTemplate": {
+                    "spec": {
+                        "containers": [{"name": "ray-worker", "env": [{"name": "RAY_AUTH_MODE", "value": "disabled"}]}]
+                    }
+                }
+            }
+        },
+        "spec.resources.actor.podTemplate.spec.containers[0].env[0].name",
+        "KubeRay's",
+    ),
+    (
         "episodes on an elastic rollout pool",
         {
             "environment": {"name": "python"},
@@ -407,6 +463,29 @@ VALID = [
         "an elastic rollout pool without episodes",
         {"rollout.placement": "separate", "resources.rollout": {"replicas": 1, "minReplicas": 1, "maxReplicas": 3}},
     ),
+    (
+        "autoscaler v2 with an elastic pool",
+        {
+            "env": [{"name": "RAY_enable_autoscaler_v2", "value": "1"}],
+            "resources.reward": {"replicas": 1, "minReplicas": 1, "maxReplicas": 4},
+        },
+    ),
+    ("autoscaler v2 turned off without an elastic pool", {"env": [{"name": "RAY_enable_autoscaler_v2", "value": "0"}]}),
+    (
+        "Redis variables in a sidecar of the head",
+        {
+            "resources.head": {
+                "podTemplate": {
+                    "spec": {
+                        "containers": [
+                            {"name": "cache", "image": "redis", "env": [{"name": "REDIS_USERNAME", "value": "ray"}]}
+                        ]
+                    }
+                }
+            }
+        },
+    ),
+    ("RAY_ variables that are not KubeRay's", {"env": [{"name": "RAY_DEDUP_LOGS", "value": "0"}]}),
     (
         "the overlong buffer against the episode",
         {"environment": {"name": "python", "maxEpisodeTokens": 512}, "reward.overlongPenalty": {"bufferLength": 300}},
