@@ -418,6 +418,27 @@ VALID = [
             "rollout.useEngineLogprobs": True,
         },
     ),
+    # minReplicas = maxReplicas = replicas: what the rules tell users to write for a fixed pool (a role that cannot
+    # scale, a job in a Kueue queue, a rollout pool serving episodes); an off-by-one in the bounds would refuse it
+    (
+        "every bound written out on a fixed pool",
+        {
+            "resources.actor": {"replicas": 2, "minReplicas": 2, "maxReplicas": 2},
+            "resources.reward": {"replicas": 3, "minReplicas": 3, "maxReplicas": 3},
+        },
+    ),
+    (
+        "every bound written out in a Kueue queue",
+        {"queueName": "team-a", "resources.reward": {"replicas": 1, "minReplicas": 1, "maxReplicas": 1}},
+    ),
+    (
+        "every bound written out on a rollout pool serving episodes",
+        {
+            "environment": {"name": "python"},
+            "rollout.placement": "separate",
+            "resources.rollout": {"replicas": 2, "minReplicas": 2, "maxReplicas": 2},
+        },
+    ),
     ("elastic reward", {"resources.reward": {"replicas": 2, "minReplicas": 1, "maxReplicas": 8}}),
     ("elastic reward at zero", {"resources.reward": {"replicas": 1, "minReplicas": 0, "maxReplicas": 8}}),
     ("mini-batch divisor", {"algorithm.miniBatchSize": 4}),
