@@ -88,7 +88,10 @@ def direct(kube: Kube, cp: ControlPlane, jobs: int) -> float:
         name = f"job-{index:04d}"
         owner = Owner(name=name, namespace=namespace, uid=f"00000000-0000-4000-8000-{index:012d}")
         job = parse_rljob(manifest(name, namespace))
-        access = [with_new_token(c) if c["kind"] == "Secret" else c for c in build_access(owner, KubeRayPeer())]
+        access = [
+            with_new_token(c) if c["kind"] == "Secret" else c
+            for c in build_access(owner, KubeRayPeer(namespace="kuberay-system"))
+        ]
         children.extend(access)
         children.append(build_configmap(owner, SPEC, generation=1))
         children.append(build_rayjob(job, owner, 0, default_image="ghcr.io/kuberl/runtime:bench", generation=1))

@@ -12,8 +12,9 @@
   (reconcile.py: these builders hold no secret) and never reads it back: it may `create` Secrets, no
   more.
 - The NetworkPolicy `<job>-ray`: the job's pods accept connections only from the job's own pods, on
-  the dashboard port from KubeRay's operator (which submits the job and polls its status there), and
-  on the runtime's metrics port from anywhere (Prometheus; /metrics serves read-only numbers).
+  the dashboard port from KubeRay's operator (its pods' labels in its namespace: it submits the job and polls
+  its status there), and on the runtime's metrics port from anywhere (Prometheus; /metrics serves read-only
+  numbers).
 
 Each is created once and never changed (`CREATE_ONLY`): the Role and its binding do not drift, the
 Secret's token is never overwritten, and an object of the same name that someone else made is never
@@ -39,10 +40,17 @@ CREATE_ONLY = frozenset({"ServiceAccount", "Role", "RoleBinding", "Secret", "Net
 
 @dataclass(frozen=True)
 class KubeRayPeer:
-    """Where KubeRay's operator runs: its pods' labels, and its namespace (None: any namespace)."""
+    """Where KubeRay's operator runs: its namespace, and its pods' labels there.
 
+    The namespace is required: a label alone is no boundary, since anyone who may create a pod in any namespace
+    may give it KubeRay's labels, and the job's NetworkPolicy would let that pod reach the Ray dashboard."""
+
+    namespace: str
     labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/name": "kuberay-operator"})
-    namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.namespace:
+            raise ValueError("KubeRay's namespace must be given: the NetworkPolicy admits its pods from there only")
 
 
 def build_runtime_identity(owner: Owner) -> list[dict[str, Any]]:
@@ -112,10 +120,11 @@ def build_network_policy(owner: Owner, kuberay: KubeRayPeer) -> dict[str, Any]:
     """Ingress to the job's pods from the job's pods, from KubeRay's operator to the dashboard only, and from any
     scraper to the metrics port (only the head listens there)."""
     own_pods = {"podSelector": {"matchLabels": {names.JOB_LABEL: owner.name}}}
-    namespaces: dict[str, Any] = (
-        {"matchLabels": {"kubernetes.io/metadata.name": kuberay.namespace}} if kuberay.namespace else {}
-    )
-    kuberay_operator = {"namespaceSelector": namespaces, "podSelector": {"matchLabels": dict(kuberay.labels)}}
+    kuberay_operator = {
+        # the label Kubernetes sets on every namespace (1.21+): a namespace cannot take another's name
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": kuberay.namespace}},
+        "podSelector": {"matchLabels": dict(kuberay.labels)},
+    }
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -7,8 +7,9 @@
 - KUBERL_RECONCILE_WORKERS (16): reconcile passes that run at once (threads).
 - KUBERL_HEAD_CPU / KUBERL_HEAD_MEMORY (1 / 4Gi): the Ray head pod (it runs the controller, no GPU).
 - KUBERL_RAY_VERSION (2.60.0): the runtime image's Ray version, the RayCluster's rayVersion.
-- KUBERL_KUBERAY_OPERATOR_LABELS (app.kubernetes.io/name=kuberay-operator) / KUBERL_KUBERAY_NAMESPACE (any):
-  KubeRay's operator pods, which each job's NetworkPolicy lets reach the Ray dashboard.
+- KUBERL_KUBERAY_NAMESPACE (required) / KUBERL_KUBERAY_OPERATOR_LABELS (app.kubernetes.io/name=kuberay-operator):
+  KubeRay's operator pods, which each job's NetworkPolicy lets reach the Ray dashboard: those labels, in that
+  namespace only.
 - KUBERL_WEBHOOK_ADDR (0.0.0.0): the address the webhook listens on (with --webhook-port).
 - KUBERL_WEBHOOK_CERT / KUBERL_WEBHOOK_KEY (required with --webhook-port): the webhook's serving
   certificate and key (PEM files). The ValidatingWebhookConfiguration is the Helm chart's, not the operator's.
@@ -48,6 +49,19 @@ def parse_labels(text: str) -> dict[str, str]:
             )
         labels[key] = value
     return labels
+
+
+def kuberay_namespace(env: Mapping[str, str]) -> str:
+    """KUBERL_KUBERAY_NAMESPACE, which must be set: without it the NetworkPolicy would have to admit KubeRay's
+    labels from every namespace, where anyone who may create a pod could copy them."""
+    namespace = env.get(contract.KUBERAY_NAMESPACE_ENV)
+    if not namespace:
+        raise ValueError(
+            f"{contract.KUBERAY_NAMESPACE_ENV} is not set: give the namespace KubeRay's operator runs in (the chart's "
+            "kuberay.namespace; `kubectl get pods -A -l app.kubernetes.io/name=kuberay-operator` shows it). Each "
+            "job's NetworkPolicy admits KubeRay to the Ray dashboard from that namespace only"
+        )
+    return namespace
 
 
 def default_runtime_image(version: str = __version__) -> str:
@@ -125,8 +139,8 @@ class OperatorSettings:
     head_memory: str = "4Gi"
     #: The Ray version of the runtime image, told to KubeRay (rayVersion; its token authentication needs 2.52+)
     ray_version: str = DEFAULT_RAY_VERSION
-    #: Where KubeRay's operator runs, for each job's NetworkPolicy (its pods' labels; its namespace, None: any)
-    kuberay: KubeRayPeer = field(default_factory=KubeRayPeer)
+    #: Where KubeRay's operator runs, for each job's NetworkPolicy (its namespace, required, and its pods' labels)
+    kuberay: KubeRayPeer = field(kw_only=True)
     namespaces: tuple[str, ...] = ()
     metrics_port: int | None = None
     webhook_port: int | None = None
@@ -162,8 +176,8 @@ class OperatorSettings:
             head_memory=env.get(contract.HEAD_MEMORY_ENV, "4Gi"),
             ray_version=env.get(contract.RAY_VERSION_ENV) or DEFAULT_RAY_VERSION,
             kuberay=KubeRayPeer(
+                namespace=kuberay_namespace(env),
                 labels=parse_labels(env.get(contract.KUBERAY_OPERATOR_LABELS_ENV) or DEFAULT_KUBERAY_LABELS),
-                namespace=env.get(contract.KUBERAY_NAMESPACE_ENV) or None,
             ),
             namespaces=tuple(namespaces or ()),
             metrics_port=metrics_port,

@@ -41,12 +41,13 @@ from kuberl.runtime.objectstore import is_remote
 from kuberl.runtime.status_publisher import report_target
 from kuberl.runtime.workers.group import ray_actor_options
 from tests.conftest import REPO
+from tests.unit.operator.conftest import KUBERAY
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"), key=lambda path: path.name)
 #: The examples `kuberl run` runs on this machine (relative paths, checkpoints in the output folder); on a
 #: cluster the webhook refuses them. tiny-grpo-cluster.yaml is the demo for a cluster.
 LOCAL_ONLY = {"tiny-grpo.yaml", "tiny-grpo-async.yaml", "tiny-grpo-lora.yaml", "agent-python-tool.yaml"}
-SETTINGS = OperatorSettings()
+SETTINGS = OperatorSettings(kuberay=KUBERAY)
 UID = "0b1c2d3e-0000-4000-8000-000000000001"
 
 

@@ -28,6 +28,7 @@ from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.webhook import WEBHOOK_ID
 from tests.integration.certs import write_certificate
 from tests.integration.envtest import ControlPlane, control_plane, free_port, namespace  # noqa: F401
+from tests.unit.operator.conftest import KUBERAY
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +71,7 @@ def operator(
         webhook_cert=str(certificate),
         webhook_key=str(key),
         loop_stall_seconds=LOOP_STALL_SECONDS,
+        kuberay=KUBERAY,
     )
     built = build_operator(settings)
     metrics_server = built.metrics.serve(settings.metrics_port or 0, addr="127.0.0.1", health=built.heartbeat.check)

@@ -19,6 +19,7 @@ from kuberl.operator.reconcile import Reconciler
 from kuberl.operator.settings import OperatorSettings
 from tests.integration.envtest import FAKE_KUBERAY_CRDS, RLJOB_CRD, ControlPlane, start_control_plane
 from tests.integration.operator.conftest import rljob_manifest, tiny_spec
+from tests.unit.operator.conftest import KUBERAY
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ def test_without_kuberay_the_job_waits_with_a_condition_saying_what_to_install(b
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "no-kuberay"}}
     bare_cluster.request("POST", "/api/v1/namespaces", namespace)
     kube.create(names.rljob_path("no-kuberay"), rljob_manifest("waiting", "no-kuberay", tiny_spec()))
-    reconciler = Reconciler(kube, OperatorSettings(), OperatorMetrics())
+    reconciler = Reconciler(kube, OperatorSettings(kuberay=KUBERAY), OperatorMetrics())
 
     decision = reconciler.run_pass("no-kuberay", "waiting")
     assert decision is not None and decision.requeue_after == KUBERAY_RETRY_SECONDS

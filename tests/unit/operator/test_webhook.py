@@ -9,7 +9,7 @@ import pytest
 
 from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.webhook import admission_message, review, server
-from tests.unit.operator.conftest import base_spec, make_rljob
+from tests.unit.operator.conftest import KUBERAY, base_spec, make_rljob
 
 
 def on_a_claim(**changes: Any) -> dict[str, Any]:
@@ -75,6 +75,8 @@ def test_the_status_is_not_the_webhooks_business():
 
 def test_the_webhook_is_served_only_with_a_certificate_from_files():
     with pytest.raises(ValueError, match="KUBERL_WEBHOOK_CERT and KUBERL_WEBHOOK_KEY"):
-        server(OperatorSettings(webhook_port=9443))
-    served = server(OperatorSettings(webhook_port=9443, webhook_cert="/tls/tls.crt", webhook_key="/tls/tls.key"))
+        server(OperatorSettings(webhook_port=9443, kuberay=KUBERAY))
+    served = server(
+        OperatorSettings(webhook_port=9443, webhook_cert="/tls/tls.crt", webhook_key="/tls/tls.key", kuberay=KUBERAY)
+    )
     assert (served.certfile, served.pkeyfile, served.port) == ("/tls/tls.crt", "/tls/tls.key", 9443)
