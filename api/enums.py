@@ -202,6 +202,7 @@ class ConditionReason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     APPLY_FAILED = "ApplyFailed"
     KUBERAY_MISSING = "KubeRayMissing"
+    KUBERAY_TOO_OLD = "KubeRayTooOld"
     NAME_TAKEN = "NameTaken"
     FIELDS_PRUNED = "FieldsPruned"
     NO_FIELDS_PRUNED = "NoFieldsPruned"

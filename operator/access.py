@@ -33,6 +33,21 @@ from kuberl.operator.builders import METRICS_PORT, Owner, child_metadata
 RAY_TOKEN_KEY = "auth_token"
 #: The Ray dashboard / Jobs API port, where KubeRay's operator submits the job and reads its status.
 DASHBOARD_PORT = 8265
+#: What the job says when the API server drops `authOptions` from its RayJob (reconcile.py checks a dry run).
+KUBERAY_TOO_OLD = (
+    "KubeRay too old for token auth: the API server drops rayClusterSpec.authOptions from the RayJob (KubeRay's "
+    "RayJob CRD knows it from 1.5.1, its secretName from 1.6), so the job's Ray cluster would run without "
+    "authentication; nothing was created. Upgrade KubeRay to 1.6 or later (its CRDs and its operator); the job is "
+    "created at the next try after that"
+)
+
+
+def token_auth_kept(stored: dict[str, Any]) -> bool:
+    """Whether the RayJob as the API server stores it still asks KubeRay for Ray's token authentication."""
+    cluster = (stored.get("spec") or {}).get("rayClusterSpec") or {}
+    return (cluster.get("authOptions") or {}).get("mode") == "token"
+
+
 #: Kinds created with a plain create and never changed afterwards (so an object of that name that is not the
 #: job's is never taken over either); the ConfigMaps are server-side applied once the operator knows them its own.
 CREATE_ONLY = frozenset({"ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy", "RayJob"})

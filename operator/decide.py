@@ -599,10 +599,18 @@ def name_taken(kind: str, name: str) -> str:
     )
 
 
-def apply_failed(status: OperatorStatus, kind: str, name: str, message: str, now: datetime) -> OperatorStatus:
-    """The status after the API server refused to create or update a child: Created=False with its words."""
-    detail = f"the API server refused {kind} {name}: {message}"
-    return status.with_condition(ConditionType.CREATED, False, ConditionReason.APPLY_FAILED, detail, now)
+def apply_failed(
+    status: OperatorStatus,
+    kind: str,
+    name: str,
+    message: str,
+    now: datetime,
+    reason: ConditionReason = ConditionReason.APPLY_FAILED,
+) -> OperatorStatus:
+    """The status after the API server refused to create or update a child: Created=False with its words; with
+    another reason (KubeRayTooOld) the message is the operator's own."""
+    detail = f"the API server refused {kind} {name}: {message}" if reason == ConditionReason.APPLY_FAILED else message
+    return status.with_condition(ConditionType.CREATED, False, reason, detail, now)
 
 
 def _unknown_fields(p: _Pass, rljob: dict[str, Any]) -> None:

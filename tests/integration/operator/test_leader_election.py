@@ -166,6 +166,7 @@ def moment(event: dict[str, Any], key: str) -> datetime.datetime:
 
 
 def rayjob_creates(cp: ControlPlane, namespace: str, identities: tuple[str, ...]) -> int:
+    """RayJobs created (not the dry run before each create, which stores nothing: reconcile.py)."""
     return sum(
         1
         for identity in identities
@@ -174,6 +175,7 @@ def rayjob_creates(cp: ControlPlane, namespace: str, identities: tuple[str, ...]
         and event["objectRef"].get("resource") == "rayjobs"
         and event["objectRef"].get("namespace") == namespace
         and event["responseStatus"]["code"] == 201
+        and "dryRun=" not in event["requestURI"]
     )
 
 

@@ -216,6 +216,11 @@ def test_an_install_without_kuberays_namespace_is_refused_saying_what_to_set():
         render({"kuberay": {"namespace": ""}})
 
 
+def test_an_install_with_a_ray_without_token_authentication_is_refused():
+    with pytest.raises(helm_python.HelmRenderError, match="runtime.rayVersion must be 2.52.0 or later"):
+        render({"runtime": {"rayVersion": "2.51.1"}})
+
+
 def test_kuberays_operator_pods_are_told_to_the_operator_for_the_network_policies():
     env = container_env(operator_container(render(CLUSTER)))  # kuberay.namespace: kuberay-system (rendering.py)
     assert OperatorSettings.from_env(env).kuberay == KubeRayPeer("kuberay-system")  # the labels of KubeRay's chart
