@@ -41,6 +41,13 @@ def test_every_problem_is_in_the_message_with_its_path():
     assert message.startswith("invalid RLJob (2 problem(s))")
 
 
+def test_a_field_beside_the_spec_is_refused_not_ignored():
+    """The CRD keeps unknown fields (api/crd.py); a section indented one level too little lands beside the spec."""
+    job = make_rljob(on_a_claim()) | {"runPolicy": {"suspend": True}}
+    (problem,) = review(job).problems
+    assert (problem.path, problem.message.split(";")[0]) == ("runPolicy", "unknown field")
+
+
 def test_a_job_whose_checkpoints_would_stay_on_the_heads_disk_is_refused():
     (problem,) = review(make_rljob(base_spec())).problems  # no pvcClaimName, no object-store uri
     assert problem.path == "spec.checkpoint"
