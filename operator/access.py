@@ -6,6 +6,15 @@
   touch a neighbour's report, nor any RLJob: the operator alone writes RLJob status, copying the
   report's fields in after validating them (decide.py). The token is mounted only in the head pod,
   where the controller publishes (builders.py).
+- With an elastic pool, the autoscaler's own identity: KubeRay gives its autoscaler, a container it adds to
+  the head pod, a Role over every pod and RayCluster of the namespace (pods get/list/watch/patch, pods/resize,
+  rayclusters get/patch, no resourceNames: KubeRay v1.6.2 common/rbac.go `BuildRole`), bound to the head pod's
+  ServiceAccount (utils.go `GetHeadGroupServiceAccountName`). The head pod then runs as a ServiceAccount of its
+  own, `<job>-autoscaler`, made here (KubeRay requires one it is told to use to exist), without an automatic
+  token: its token is projected into the autoscaler's container alone (builders.py), and the head's Ray
+  container, where the controller, a reward without a pool and an environment's code run, gets the token of
+  `<job>-runtime` instead, from the Secret `<job>-runtime-token` (type kubernetes.io/service-account-token,
+  which Kubernetes' token controller fills). User code never holds the autoscaler's rights.
 - The Ray token Secret `<job>-ray-token`: KubeRay's `authOptions {mode: token, secretName}` (KubeRay
   1.6+) turns Ray's token authentication on and puts the token into every Ray container and into
   its own dashboard client. The operator creates the Secret with a fresh random token at the edge
@@ -68,6 +77,28 @@ class KubeRayPeer:
             raise ValueError("KubeRay's namespace must be given: the NetworkPolicy admits its pods from there only")
 
 
+def build_autoscaler_identity(owner: Owner) -> list[dict[str, Any]]:
+    """ServiceAccount `<job>-autoscaler` (KubeRay binds its autoscaler's Role to it), and the Secret that carries a
+    token of `<job>-runtime` into the head's Ray container, which does not get the pod's own token."""
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": child_metadata(owner, names.autoscaler_account_name(owner.name)),
+        "automountServiceAccountToken": False,  # projected into the autoscaler's container only (builders.py)
+    }
+    runtime_token = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/service-account-token",  # Kubernetes' token controller fills it in
+        "metadata": child_metadata(
+            owner,
+            names.runtime_token_secret_name(owner.name),
+            annotations={"kubernetes.io/service-account.name": names.runtime_account_name(owner.name)},
+        ),
+    }
+    return [account, runtime_token]
+
+
 def build_runtime_identity(owner: Owner) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding `<job>-runtime`: patch the job's own report, and nothing else."""
     name = names.runtime_account_name(owner.name)
@@ -126,6 +157,15 @@ def new_ray_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+def is_ray_token_secret(child: dict[str, Any]) -> bool:
+    """Whether `child` is the Secret `build_ray_token_secret` makes, which gets a fresh token when it is created
+    (not `<job>-runtime-token`, which Kubernetes fills)."""
+    meta = child["metadata"]
+    return bool(
+        child["kind"] == "Secret" and meta["name"] == names.ray_token_secret_name(meta["labels"][names.JOB_LABEL])
+    )
+
+
 def with_new_token(secret: dict[str, Any]) -> dict[str, Any]:
     """`build_ray_token_secret`'s Secret with a fresh token, as it is created (never re-read or rewritten)."""
     return {**secret, "stringData": {RAY_TOKEN_KEY: new_ray_token()}}
@@ -156,10 +196,12 @@ def build_network_policy(owner: Owner, kuberay: KubeRayPeer) -> dict[str, Any]:
     }
 
 
-def build_access(owner: Owner, kuberay: KubeRayPeer) -> list[dict[str, Any]]:
-    """Everything above, in the order to create it: nothing a pod needs is missing when KubeRay makes the pods."""
+def build_access(owner: Owner, kuberay: KubeRayPeer, *, autoscaled: bool = False) -> list[dict[str, Any]]:
+    """Everything above, in the order to create it: nothing a pod needs is missing when KubeRay makes the pods.
+    `autoscaled`: a pool is elastic, so KubeRay's autoscaler runs in the head pod with an account of its own."""
     return [
         *build_runtime_identity(owner),
+        *(build_autoscaler_identity(owner) if autoscaled else []),
         build_ray_token_secret(owner),
         build_network_policy(owner, kuberay),
         build_progress_configmap(owner),

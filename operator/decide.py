@@ -204,7 +204,8 @@ class _Pass:
 
     def apply_children(self, index: int) -> None:
         assert self.run_spec is not None and self.run_job is not None
-        self.apply.extend(build_access(self.owner, self.settings.kuberay))
+        autoscaled = self.run_job.spec.resources.autoscaled
+        self.apply.extend(build_access(self.owner, self.settings.kuberay, autoscaled=autoscaled))
         self.apply.append(build_configmap(self.owner, self.run_spec, self.generation))
         self.apply.append(
             build_rayjob(

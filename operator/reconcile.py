@@ -41,7 +41,7 @@ from typing import Any
 from kuberl.api import KIND
 from kuberl.api.enums import ConditionReason
 from kuberl.operator import names
-from kuberl.operator.access import CREATE_ONLY, KUBERAY_TOO_OLD, token_auth_kept, with_new_token
+from kuberl.operator.access import CREATE_ONLY, KUBERAY_TOO_OLD, is_ray_token_secret, token_auth_kept, with_new_token
 from kuberl.operator.builders import Owner, build_event
 from kuberl.operator.decide import (
     KUBERAY_MISSING,
@@ -158,7 +158,7 @@ class Reconciler:
 
     def create_once(self, namespace: str, child: dict[str, Any]) -> None:
         kind, name = child["kind"], child["metadata"]["name"]
-        if kind == "Secret":  # the Ray token is made here, at the edge, and never read back
+        if is_ray_token_secret(child):  # the Ray token is made here, at the edge, and never read back
             child = with_new_token(child)
         if kind == "RayJob":
             self.require_token_auth(namespace, child)

@@ -103,10 +103,13 @@ def operator(
 
 
 @contextlib.contextmanager
-def own_api_server(crds: list[Path]) -> Iterator[tuple[ControlPlane, Kube]]:
-    """An API server of the test's own holding only `crds` (no controllers), and the operator's client of it as
-    admin; for a module that plays a cluster unlike the session's (no KubeRay, an old KubeRay)."""
-    cp = start_control_plane(crds, start_controller_manager=False)
+def own_api_server(crds: list[Path], controllers: str | None = None) -> Iterator[tuple[ControlPlane, Kube]]:
+    """An API server of the test's own holding only `crds` (and, given, kube-controller-manager's `controllers`),
+    and the operator's client of it as admin; for a module that plays a cluster unlike the session's."""
+    if controllers is None:
+        cp = start_control_plane(crds, start_controller_manager=False)
+    else:
+        cp = start_control_plane(crds, controllers=controllers)
     configuration = Configuration()
     kubernetes.config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
     kube = Kube(configuration)

@@ -121,6 +121,18 @@ def test_the_ray_token_is_made_when_the_secret_is_created_fresh_each_time():
     assert tokens[0] != tokens[1] and min(len(token) for token in tokens) >= 43  # 32 random bytes, base64
 
 
+def test_only_the_ray_token_secret_gets_a_token_from_the_operator():
+    """With an elastic pool the job also gets `<job>-runtime-token`, which Kubernetes' token controller fills."""
+    kube = FakeKube()
+    assert kube.rljob is not None
+    kube.rljob["spec"]["resources"] = {"reward": {"replicas": 1, "minReplicas": 1, "maxReplicas": 3}}
+    reconciler(kube).run_pass("team-a", "tiny-grpo")
+    secrets = {body["metadata"]["name"]: body for body in kube.created if body["kind"] == "Secret"}
+    assert sorted(secrets) == ["tiny-grpo-ray-token", "tiny-grpo-runtime-token"]
+    assert "auth_token" in secrets["tiny-grpo-ray-token"]["stringData"]
+    assert "stringData" not in secrets["tiny-grpo-runtime-token"] and "data" not in secrets["tiny-grpo-runtime-token"]
+
+
 def test_objects_made_once_are_left_alone_when_they_exist():
     kube = FakeKube()
     kube.exists = {names.object_path("Secret", "team-a")}  # a Secret of this name: AlreadyExists
