@@ -53,6 +53,16 @@ METRICS_PORT_ENV = "KUBERL_METRICS_PORT"
 #: Where the runtime resolves and builds models (default ~/.cache/kuberl); the images may set it.
 CACHE_ENV = "KUBERL_CACHE"
 
+#: Where a pod's ServiceAccount token, CA and namespace are mounted (Kubernetes' own place): the runtime's status
+#: publisher reads its token there on the head, and KubeRay's autoscaler reads its own there in its container.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+#: The first Ray with token authentication (RAY_AUTH_MODE=token), which every job's Ray cluster turns on: an older
+#: Ray ignores the mode and serves its cluster without it, and KubeRay 1.6 refuses authOptions with an older
+#: rayVersion (utils/validation.go ValidateRayClusterSpec). The floor of pyproject.toml's `ray`, of the images'
+#: Ray (docker/check-ray-version.py runs in their builds) and of the operator's KUBERL_RAY_VERSION.
+TOKEN_AUTH_RAY_VERSION = (2, 52, 0)
+
 # -- the operator's settings (operator/settings.py), set by the Helm chart's Deployment ----------------
 RUNTIME_IMAGE_ENV = "KUBERL_RUNTIME_IMAGE"
 RESYNC_SECONDS_ENV = "KUBERL_RESYNC_SECONDS"

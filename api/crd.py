@@ -5,6 +5,19 @@ no `$ref`, no `anyOf` for optionals, boolean `exclusiveMinimum`, no `additionalP
 no `title`. Defaults stay out of the CRD (the models apply them, and some depend on the
 algorithm preset) but are written into the descriptions, so `kubectl explain` shows them.
 The output must install on Kubernetes 1.20 as well as current releases.
+
+Unknown fields are kept, not pruned: every object of the spec, and the root, carries
+`x-kubernetes-preserve-unknown-fields: true`. A structural schema makes the API server drop a field it does
+not know before the webhook sees the object, so a typo (`groupsize`) used to vanish without a word for every
+client but `kubectl apply` (whose last-applied annotation still showed it: operator/pruned.py), and its field
+validation (`fieldValidation=Strict`) depends on what each client asks for (Helm and `create` do not). Kept,
+the typo reaches the webhook, whose pydantic models refuse unknown fields (`extra="forbid"`) naming it, for
+every client on every Kubernetes from 1.20; and a job stored past the webhook (failurePolicy Ignore) does not
+run (the operator parses the same models). Known fields are still validated by the schema. The pruning
+algorithm keeps unknown fields only of the very node that says so (apiextensions-apiserver
+pkg/apiserver/schema/pruning/algorithm.go), hence every node. The cost: OpenAPI v2 has no room for properties
+beside it, so `kubectl explain` before kubectl 1.27 (which reads v3) shows these objects without their
+fields; `kuberl explain` shows them all.
 """
 
 import json
@@ -132,14 +145,27 @@ def _section(model: type[RLJobSpec] | type[RLJobStatus], name: str) -> dict[str,
     return to_structural(schema, defs, (name,))
 
 
+def keep_unknown_fields(node: dict[str, Any]) -> dict[str, Any]:
+    """`node` with x-kubernetes-preserve-unknown-fields on every object that has properties (see the docstring)."""
+    out = dict(node)
+    if "properties" in out:
+        out["properties"] = {name: keep_unknown_fields(sub) for name, sub in out["properties"].items()}
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = keep_unknown_fields(out[key])
+    return out
+
+
 def build_crd() -> dict[str, Any]:
     """The RLJob CustomResourceDefinition as a dict."""
-    spec_schema = _section(RLJobSpec, "spec")
+    spec_schema = keep_unknown_fields(_section(RLJobSpec, "spec"))
     status_schema = _section(RLJobStatus, "status")
     root = {
         "type": "object",
         "description": RLJob.__doc__,
         "required": ["spec"],
+        "x-kubernetes-preserve-unknown-fields": True,  # a field mistyped at the top reaches the webhook too
         "properties": {
             "apiVersion": {"type": "string", "description": "kuberl.io/v1alpha1"},
             "kind": {"type": "string", "description": "RLJob"},

@@ -7,8 +7,10 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from kuberl.api.base import KuberlModel
+from kuberl.api.enums import Role
 from kuberl.api.limits import MAX_DURATION_SECONDS
-from kuberl.api.rules import RESOURCES_RULES, raise_rule_problems
+from kuberl.api.pod_template import pod_template_problems
+from kuberl.api.rules import RESOURCES_RULES, raise_problems, raise_rule_problems
 
 #: A Kubernetes resource quantity such as 16Gi, 512Mi or 1e9 — the subset kuberl accepts.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$"
@@ -58,7 +60,8 @@ class PodPlacement(KuberlModel):
         description="A partial pod template merged over the one kuberl builds for these pods "
         "(extra volumes, annotations, a priority class ...). Containers merge by name: Ray runs in the container "
         "ray-head on the head and ray-worker in a pool, so a volume the job reads (models, data) needs a "
-        "volumeMount under that name.",
+        "volumeMount under that name. Every field must be one of a Kubernetes pod template (as KubeRay's RayJob "
+        "takes it), of its type, and every container, env entry and volume needs a name.",
     )
 
     @field_validator("node_selector")
@@ -67,6 +70,13 @@ class PodPlacement(KuberlModel):
         problems = [problem for key, label in value.items() if (problem := label_problem(key, label))]
         if problems:
             raise PydanticCustomError("label_key", "; ".join(problems))
+        return value
+
+    @field_validator("pod_template")
+    @classmethod
+    def _is_a_pod_template(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            raise_problems(pod_template_problems(value))
         return value
 
 
@@ -149,6 +159,12 @@ class ResourcesSpec(KuberlModel):
         "joins loads the newest weights before it generates; a replica that dies mid-generation has its chunk "
         "generated once by another, and is replaced when the pool falls below minReplicas.",
     )
+
+    @property
+    def autoscaled(self) -> bool:
+        """Whether any pool is elastic: the operator then turns KubeRay's in-tree autoscaler on."""
+        pools = (getattr(self, role.value) for role in Role)
+        return any(pool is not None and pool.is_elastic for pool in pools)
 
     @model_validator(mode="after")
     def _rules(self) -> "ResourcesSpec":

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import PydanticCustomError
 
+from kuberl.api.credentials import credential_in, credential_name
 from kuberl.api.engine_args import engine_arg_problem
 from kuberl.api.enums import (
     ELASTIC_ROLES,
@@ -23,6 +24,7 @@ from kuberl.api.enums import (
     RolloutEngine,
     RolloutPlacement,
 )
+from kuberl.api.kuberay import KUBERAY_RULES, pod_template_containers
 from kuberl.api.policy_losses import LOSS_KNOB_SECTIONS, SEQUENCE_LEVEL_LOSSES
 
 if TYPE_CHECKING:
@@ -474,6 +476,25 @@ def pods_outlive_the_stop_window(spec: "RLJobSpec") -> Iterator[RuleProblem]:
             )
 
 
+def pod_template_env_holds_no_credential(spec: "RLJobSpec") -> Iterator[RuleProblem]:
+    """A literal env value of a podTemplate is stored in the manifest as spec.env's are: the same checks. A
+    `valueFrom` (a secretKeyRef) is how a container gets a credential, and passes."""
+    for _, path, container in pod_template_containers(spec):
+        for index, entry in enumerate(container.get("env") or []):
+            value, name = entry.get("value"), entry.get("name")
+            if not isinstance(value, str) or not value:
+                continue
+            why = credential_in(value)
+            if why is None and isinstance(name, str) and credential_name(name):
+                why = f"a credential ({name}, by its name)"
+            if why is not None:
+                yield (
+                    (*path, "env", index, "value"),
+                    f"holds {why}; credentials do not belong in the manifest (it is stored and shown in the clear): "
+                    "put it in a Secret and use valueFrom.secretKeyRef, or list the Secret in spec.secretRefs",
+                )
+
+
 ALGORITHM_RULES: tuple[Rule, ...] = (
     group_estimators_need_groups,
     sequence_losses_weigh_each_response_once,
@@ -505,12 +526,18 @@ SPEC_RULES: tuple[Rule, ...] = (
     episode_budgets_fit,
     episodes_use_a_fixed_rollout_pool,
     pods_outlive_the_stop_window,
+    pod_template_env_holds_no_credential,
+    *KUBERAY_RULES,
 )
 
 
 def raise_rule_problems(model: Any, rules: tuple[Rule, ...]) -> None:
     """Run `rules` on a field-valid model; raise every problem found as one pydantic error."""
-    problems = [problem for rule in rules for problem in rule(model)]
+    raise_problems([problem for rule in rules for problem in rule(model)])
+
+
+def raise_problems(problems: list[RuleProblem]) -> None:
+    """Raise `problems` (paths relative to what is validated) as one pydantic error, each with its own path."""
     if problems:
         summary = "; ".join(".".join(map(str, path)) + ": " + message for path, message in problems)
         raise PydanticCustomError(RULES_ERROR_TYPE, "{summary}", {"summary": summary, "problems": problems})

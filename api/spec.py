@@ -1,6 +1,5 @@
 """`spec` of an RLJob: what to train, on what data, with which reward, on which machines."""
 
-import re
 from typing import Annotated, ClassVar
 
 from pydantic import Field, StringConstraints, WithJsonSchema, field_validator, model_validator
@@ -9,6 +8,7 @@ from pydantic_core import PydanticCustomError
 from kuberl.api.algorithm import ALGORITHM_PRESETS, AlgorithmSpec
 from kuberl.api.base import KuberlModel
 from kuberl.api.contract import CHECKPOINT_MOUNT_DIR
+from kuberl.api.credentials import credential_in, credential_name
 from kuberl.api.engine_args import VLLM_ENGINE_ARGS
 from kuberl.api.enums import (
     ComputeDType,
@@ -55,36 +55,6 @@ FUNCTION_REF_PATTERN = (
 MAX_DATA_FILES = 256
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-#: Words that mark an environment variable as a credential, which belongs in a Secret.
-CREDENTIAL_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")
-
-
-#: A URL whose authority carries a password: `scheme://user:password@host`.
-URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*:[^/?#@\s]+@")
-#: Query parameters that carry a credential: `?api_key=...`, `&token=...`, an S3 or Azure signature ...
-CREDENTIAL_PARAMETER = re.compile(
-    r"[?&;](api[_-]?key|apikey|access[_-]?token|auth[_-]?token|token|secret|client[_-]?secret|password|passwd|"
-    r"private[_-]?key|sig|signature|x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential)=[^&;#\s]",
-    re.IGNORECASE,
-)
-
-
-def credential_in(value: str) -> str | None:
-    """Why `value` looks like it holds a credential, or None: a URL with a password, a secret-looking parameter.
-
-    >>> credential_in("https://bob:hunter2@proxy.example.com:3128")
-    'a URL with a password (user:password@)'
-    >>> credential_in("https://rm.example.com/score?api_key=abc123")
-    'a credential parameter (api_key=)'
-    >>> credential_in("https://rm.example.com/score?mode=fast") is None
-    True
-    """
-    if URL_PASSWORD.search(value):
-        return "a URL with a password (user:password@)"
-    found = CREDENTIAL_PARAMETER.search(value)
-    if found:
-        return f"a credential parameter ({found.group(1)}=)"
-    return None
 
 
 def refuse_credentials(value: str, what: str) -> str:
@@ -830,8 +800,7 @@ class EnvVar(KuberlModel):
     @field_validator("name")
     @classmethod
     def _not_a_credential(cls, value: str) -> str:
-        upper = value.upper()
-        if any(word in upper for word in CREDENTIAL_WORDS):
+        if credential_name(value):
             raise PydanticCustomError(
                 "credential_env",
                 "{name} looks like a credential; put it in a Secret and list the Secret in spec.secretRefs",

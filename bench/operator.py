@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:  # `python bench/operator.py` puts bench/ first; t
 
 from kuberl.api import parse_rljob  # noqa: E402
 from kuberl.operator import names  # noqa: E402
-from kuberl.operator.access import KubeRayPeer, build_access, with_new_token  # noqa: E402
+from kuberl.operator.access import KubeRayPeer, build_access, is_ray_token_secret, with_new_token  # noqa: E402
 from kuberl.operator.builders import Owner, build_configmap, build_rayjob  # noqa: E402
 from kuberl.operator.kube import Kube  # noqa: E402
 from tests.integration.envtest import (  # noqa: E402
@@ -88,7 +88,10 @@ def direct(kube: Kube, cp: ControlPlane, jobs: int) -> float:
         name = f"job-{index:04d}"
         owner = Owner(name=name, namespace=namespace, uid=f"00000000-0000-4000-8000-{index:012d}")
         job = parse_rljob(manifest(name, namespace))
-        access = [with_new_token(c) if c["kind"] == "Secret" else c for c in build_access(owner, KubeRayPeer())]
+        access = [
+            with_new_token(c) if is_ray_token_secret(c) else c
+            for c in build_access(owner, KubeRayPeer(namespace="kuberay-system"))
+        ]
         children.extend(access)
         children.append(build_configmap(owner, SPEC, generation=1))
         children.append(build_rayjob(job, owner, 0, default_image="ghcr.io/kuberl/runtime:bench", generation=1))

@@ -79,6 +79,7 @@ helm upgrade --install kuberay-operator kuberay/kuberay-operator --version "$KUB
 log "kuberl (chart $REPO/charts/kuberl)"
 kubectl create namespace "$JOBS" --dry-run=client -o yaml | kubectl apply -f -
 helm upgrade --install "$RELEASE" "$REPO/charts/kuberl" --namespace "$NAMESPACE" --create-namespace \
+  --set kuberay.namespace=kuberay-system \
   --set runtime.image.tag="$RUNTIME_TAG" \
   --set operator.head.memory=2Gi \
   --wait --timeout 5m

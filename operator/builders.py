@@ -10,7 +10,9 @@ Elastic pools (minReplicas < maxReplicas) turn on KubeRay's in-tree autoscaler; 
 re-applied once created, so replica counts the autoscaler moves are never fought over.
 
 Every pod passes Pod Security `restricted` (pods.py), runs as the job's own ServiceAccount
-(access.py), and only the head pod, where the controller publishes its report, mounts its token.
+(access.py), and only the head pod, where the controller publishes its report, mounts its token. With an
+elastic pool the head pod runs as `<job>-autoscaler`, the account KubeRay binds its autoscaler's Role to, whose
+token only KubeRay's autoscaler container mounts; the Ray container mounts the job's own account's token.
 Ray's token authentication is on (`authOptions`), and KubeRay submits over HTTP (no submitter pod).
 
 With `spec.queueName` the RayJob carries Kueue's queue label (and priority-class label) and is
@@ -59,6 +61,12 @@ DEFAULT_RAY_VERSION = "2.60.0"
 HEAD_ROLE = HEAD_POOL
 SPEC_VOLUME = "kuberl-spec"
 CHECKPOINT_VOLUME = "kuberl-checkpoints"
+#: The head pod's token volumes when a pool is elastic (access.py: the autoscaler runs as an account of its own).
+AUTOSCALER_TOKEN_VOLUME = "kuberl-autoscaler-token"
+RUNTIME_TOKEN_VOLUME = "kuberl-runtime-token"
+#: The lifetime Kubernetes' own ServiceAccount admission asks for a projected token (the kubelet renews it), so the
+#: autoscaler's token behaves as the one KubeRay's autoscaler would otherwise get.
+PROJECTED_TOKEN_SECONDS = 3607
 
 
 @dataclass(frozen=True)
@@ -219,13 +227,16 @@ def pod_template(
         "containers": [main],
         "volumes": volumes,
         "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
-        # the controller on the head publishes the job's report with this account's token (and KubeRay's
-        # autoscaler, a container of the head pod, uses it); worker pods, which run reward code, get no token
+        # the controller on the head publishes the job's report with this account's token; worker pods, which run
+        # reward code, get no token (with an elastic pool the head runs as the autoscaler's account instead:
+        # separate_autoscaler_account)
         "serviceAccountName": names.runtime_account_name(job.metadata.name),
         "automountServiceAccountToken": role == HEAD_ROLE,
         # every pod outlives the driver's stop window: the ranks on the workers write the checkpoint's shards
         "terminationGracePeriodSeconds": contract.pod_grace_seconds(job.spec.run_policy.stop_grace_period_seconds),
     }
+    if role == HEAD_ROLE and job.spec.resources.autoscaled:
+        separate_autoscaler_account(job.metadata.name, spec, main)
     if pool is not None and pool.node_selector:
         spec["nodeSelector"] = dict(pool.node_selector)
     if pool is not None and pool.tolerations:
@@ -234,6 +245,50 @@ def pod_template(
     if pool is not None and pool.pod_template:
         template = merge(template, pool.pod_template)
     return template
+
+
+def separate_autoscaler_account(job: str, spec: dict[str, Any], ray_container: dict[str, Any]) -> None:
+    """The head pod of a job with an elastic pool (access.py): KubeRay binds its autoscaler's Role to the pod's
+    account, so the pod runs as `<job>-autoscaler` without an automatic token; that account's token is projected
+    only into the autoscaler's container (`autoscaler_options`), and the Ray container, where user code can run,
+    mounts the token of `<job>-runtime` from its Secret where Kubernetes would have put the pod's own."""
+    spec["serviceAccountName"] = names.autoscaler_account_name(job)
+    spec["automountServiceAccountToken"] = False
+    spec["volumes"] += [autoscaler_token_volume(), runtime_token_volume(job)]
+    ray_container["volumeMounts"].append(
+        {"name": RUNTIME_TOKEN_VOLUME, "mountPath": contract.SERVICE_ACCOUNT_DIR, "readOnly": True}
+    )
+
+
+def autoscaler_token_volume() -> dict[str, Any]:
+    """What Kubernetes' ServiceAccount admission projects into a pod for the pod's own account (a token, the
+    cluster's CA, the namespace), as a volume only the autoscaler's container mounts."""
+    namespace = {"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}
+    return {
+        "name": AUTOSCALER_TOKEN_VOLUME,
+        "projected": {
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": PROJECTED_TOKEN_SECONDS}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [namespace]}},
+            ]
+        },
+    }
+
+
+def runtime_token_volume(job: str) -> dict[str, Any]:
+    """`<job>-runtime-token` (token, CA, namespace): each key named, so the pod starts only once Kubernetes' token
+    controller has filled the Secret in."""
+    keys = [{"key": key, "path": key} for key in ("token", "ca.crt", "namespace")]
+    return {"name": RUNTIME_TOKEN_VOLUME, "secret": {"secretName": names.runtime_token_secret_name(job), "items": keys}}
+
+
+def autoscaler_options() -> dict[str, Any]:
+    """KubeRay's autoscaler container (it adds it to the head pod): restricted like the others, and the only one
+    that mounts the head pod's own token (KubeRay v1.6.2 common/pod.go `mergeAutoscalerOverrides` appends these
+    volumeMounts to it; Ray's autoscaler reads its token from Kubernetes' usual place)."""
+    mount = {"name": AUTOSCALER_TOKEN_VOLUME, "mountPath": contract.SERVICE_ACCOUNT_DIR, "readOnly": True}
+    return {"securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT), "volumeMounts": [mount]}
 
 
 def worker_group(job: RLJob, pool: Pool, image: str) -> dict[str, Any]:
@@ -304,7 +359,7 @@ def build_rayjob(
     image = job.spec.image or default_image
     topology = plan_topology(job.spec)
     marks = {names.RESTART_LABEL: str(index)}
-    elastic = any(pool.elastic for pool in topology.worker_pools)
+    elastic = job.spec.resources.autoscaled  # any pool elastic (as plan_topology's pools)
     cluster: dict[str, Any] = {
         "rayVersion": ray_version,
         "authOptions": {"mode": "token", "secretName": names.ray_token_secret_name(owner.name)},
@@ -312,8 +367,8 @@ def build_rayjob(
         "headGroupSpec": head_group(job, topology.head, image, head_cpu, head_memory),
         "workerGroupSpecs": [worker_group(job, pool, image) for pool in topology.worker_pools],
     }
-    if elastic:  # KubeRay adds the autoscaler as a container of the head pod: restricted like the others
-        cluster["autoscalerOptions"] = {"securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT)}
+    if elastic:  # KubeRay adds the autoscaler as a container of the head pod
+        cluster["autoscalerOptions"] = autoscaler_options()
     return {
         "apiVersion": names.RAY_API_VERSION,
         "kind": "RayJob",

@@ -108,10 +108,10 @@ def pod_mounts(rayjob: dict[str, Any]) -> dict[str, list[str]]:
     groups = [(HEAD_POOL, cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster["workerGroupSpecs"]]
     mounts: dict[str, list[str]] = {}
     for pool, group in groups:
-        containers = group["template"]["spec"].get("containers") or [{}]  # a podTemplate may have replaced them
+        ray_container = group["template"]["spec"]["containers"][0]  # never emptied (api/kuberay.py)
         mounts[pool] = [
             mount["mountPath"]
-            for mount in containers[0].get("volumeMounts", [])
+            for mount in ray_container.get("volumeMounts", [])
             if mount.get("name") != builders.SPEC_VOLUME and "mountPath" in mount
         ]
     return mounts

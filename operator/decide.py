@@ -18,8 +18,9 @@ decides it.
 8. first start  no RayJob named yet: `<rljob>-0`.
 9. missing      the RayJob named in status does not exist (a crash after naming it, or the previous
                 RayJob was still being deleted): create exactly it, once no other RayJob of the job exists.
-10. follow      the RayJob's state decides: Queued, Starting, Running, Succeeded, or Failed -> backoff ->
-                a new RayJob `<rljob>-<n+1>` with --resume, until runPolicy.maxRestarts.
+10. follow      the RayJob's state decides: Queued, Starting, Running, Succeeded, Refused (KubeRay's validation:
+                Failed, no restart), or Failed -> backoff -> a new RayJob `<rljob>-<n+1>` with --resume, until
+                runPolicy.maxRestarts.
 
 Kueue (spec.queueName): the RayJob is created suspended and Kueue alone moves its `suspend` after
 that; the operator only reads it. While it is suspended the RLJob is Queued (condition Queued=True:
@@ -203,7 +204,8 @@ class _Pass:
 
     def apply_children(self, index: int) -> None:
         assert self.run_spec is not None and self.run_job is not None
-        self.apply.extend(build_access(self.owner, self.settings.kuberay))
+        autoscaled = self.run_job.spec.resources.autoscaled
+        self.apply.extend(build_access(self.owner, self.settings.kuberay, autoscaled=autoscaled))
         self.apply.append(build_configmap(self.owner, self.run_spec, self.generation))
         self.apply.append(
             build_rayjob(
@@ -482,6 +484,8 @@ def _follow(p: _Pass) -> bool:
         p.condition(ConditionType.SUCCEEDED, True, ConditionReason.RAYJOB_SUCCEEDED, message)
         p.not_running(ConditionReason.RAYJOB_SUCCEEDED, message)
         p.terminal = True
+    elif state == RayJobState.REFUSED:
+        _refused(p, name, rayjob)
     else:
         _failed(p, name, rayjob)
     return True
@@ -508,6 +512,20 @@ def _queued(p: _Pass, name: str) -> None:
     p.status = replace(p.status, phase=Phase.QUEUED, dashboard_url=None)
     p.condition(ConditionType.QUEUED, True, reason, message)
     p.not_running(reason, message)
+
+
+def _refused(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
+    """KubeRay's own validation refused the RayJob (ValidationFailed): Failed with KubeRay's words, no restart.
+
+    A restart builds the same RayJob from the same spec, which KubeRay would refuse the same way. The rules of
+    KubeRay 1.6 that an RLJob reaches are refused at the door (api/kuberay.py); this is for the others (a newer
+    KubeRay's), so the job says why instead of Starting forever."""
+    detail = rayjob_message(rayjob) or "no reason given"
+    message = f"KubeRay refused RayJob {name} ({detail}); fix the spec and create the job again"
+    p.status = replace(p.status, phase=Phase.FAILED, completion_time=p.now_text(), dashboard_url=None)
+    p.condition(ConditionType.FAILED, True, ConditionReason.KUBERAY_REFUSED, message)
+    p.not_running(ConditionReason.KUBERAY_REFUSED, message)
+    p.terminal = True
 
 
 def _failed(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
@@ -582,10 +600,18 @@ def name_taken(kind: str, name: str) -> str:
     )
 
 
-def apply_failed(status: OperatorStatus, kind: str, name: str, message: str, now: datetime) -> OperatorStatus:
-    """The status after the API server refused to create or update a child: Created=False with its words."""
-    detail = f"the API server refused {kind} {name}: {message}"
-    return status.with_condition(ConditionType.CREATED, False, ConditionReason.APPLY_FAILED, detail, now)
+def apply_failed(
+    status: OperatorStatus,
+    kind: str,
+    name: str,
+    message: str,
+    now: datetime,
+    reason: ConditionReason = ConditionReason.APPLY_FAILED,
+) -> OperatorStatus:
+    """The status after the API server refused to create or update a child: Created=False with its words; with
+    another reason (KubeRayTooOld) the message is the operator's own."""
+    detail = f"the API server refused {kind} {name}: {message}" if reason == ConditionReason.APPLY_FAILED else message
+    return status.with_condition(ConditionType.CREATED, False, reason, detail, now)
 
 
 def _unknown_fields(p: _Pass, rljob: dict[str, Any]) -> None:

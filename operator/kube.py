@@ -210,8 +210,10 @@ class Kube:
         )
         return applied
 
-    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        created: dict[str, Any] = self.call("POST", path, body=body)
+    def create(self, path: str, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Create `body`; the object as stored comes back. `dry_run`: the API server admits, defaults and prunes
+        it as it would and answers with the result, and stores nothing."""
+        created: dict[str, Any] = self.call("POST", path, query=[("dryRun", "All")] if dry_run else None, body=body)
         return created
 
     def delete(self, path: str, *, uid: str | None = None, foreground: bool = False) -> bool:

@@ -65,6 +65,18 @@ def runtime_account_name(job: str) -> str:
     return f"{job}-runtime"
 
 
+def autoscaler_account_name(job: str) -> str:
+    """`tiny-grpo` -> `tiny-grpo-autoscaler`: the head pod's ServiceAccount when a pool is elastic, to which KubeRay
+    binds its autoscaler's Role; only the autoscaler's container holds its token (builders.py)."""
+    return f"{job}-autoscaler"
+
+
+def runtime_token_secret_name(job: str) -> str:
+    """`tiny-grpo` -> `tiny-grpo-runtime-token`: a token of `<job>-runtime` for the head's Ray container when the
+    head pod runs as the autoscaler's account (a Secret of type kubernetes.io/service-account-token)."""
+    return f"{job}-runtime-token"
+
+
 def ray_token_secret_name(job: str) -> str:
     """`tiny-grpo` -> `tiny-grpo-ray-token`: the Ray cluster's authentication token."""
     return f"{job}-ray-token"

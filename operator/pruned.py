@@ -1,11 +1,10 @@
 """Fields the API server dropped from an RLJob: a typo such as `groupsize` that the job would run without.
 
-The CRD's structural schema makes the API server prune unknown fields silently before the webhook or
-the operator see the object, so the stored spec cannot show them. What can: the configuration the user
-applied. `kubectl apply` (and Argo CD's default client-side apply) keeps it in the annotation
-LAST_APPLIED; every field there that the stored spec lacks was dropped. A server-side apply of an
-unknown field is refused outright by 1.20's API server, and newer ones refuse it too with strict
-field validation, so those leave nothing to find. Pure: a function of the RLJob as read.
+The CRD keeps unknown fields now (api/crd.py), so the webhook refuses a typo for every client. An older CRD
+made the API server prune them silently before the webhook or the operator saw the object, so the spec of a
+job stored then cannot show them. What can: the configuration the user applied. `kubectl apply` (and Argo CD's
+default client-side apply) keeps it in the annotation LAST_APPLIED; every field there that the stored spec
+lacks was dropped. Pure: a function of the RLJob as read.
 """
 
 import json

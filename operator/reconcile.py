@@ -39,8 +39,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kuberl.api import KIND
+from kuberl.api.enums import ConditionReason
 from kuberl.operator import names
-from kuberl.operator.access import CREATE_ONLY, with_new_token
+from kuberl.operator.access import CREATE_ONLY, KUBERAY_TOO_OLD, is_ray_token_secret, token_auth_kept, with_new_token
 from kuberl.operator.builders import Owner, build_event
 from kuberl.operator.decide import (
     KUBERAY_MISSING,
@@ -74,10 +75,13 @@ def utcnow() -> datetime:
 
 
 class ApplyFailed(Exception):
-    """The API server refused to create or change a child for a reason retrying as is will not fix."""
+    """The API server refused to create or change a child for a reason retrying as is will not fix (or, with
+    another `reason`, the child would not be what the job needs: KubeRayTooOld)."""
 
-    def __init__(self, kind: str, name: str, message: str) -> None:
-        self.kind, self.name, self.message = kind, name, message
+    def __init__(
+        self, kind: str, name: str, message: str, reason: ConditionReason = ConditionReason.APPLY_FAILED
+    ) -> None:
+        self.kind, self.name, self.message, self.reason = kind, name, message, reason
         super().__init__(f"{kind} {name}: {message}")
 
 
@@ -154,8 +158,10 @@ class Reconciler:
 
     def create_once(self, namespace: str, child: dict[str, Any]) -> None:
         kind, name = child["kind"], child["metadata"]["name"]
-        if kind == "Secret":  # the Ray token is made here, at the edge, and never read back
+        if is_ray_token_secret(child):  # the Ray token is made here, at the edge, and never read back
             child = with_new_token(child)
+        if kind == "RayJob":
+            self.require_token_auth(namespace, child)
         try:
             self.kube.create(names.object_path(kind, namespace), child)
         except ApiError as error:
@@ -164,6 +170,20 @@ class Reconciler:
             if kind == "RayJob" and not self.owns_rayjob(namespace, child):
                 raise ApplyFailed(kind, name, name_taken(kind, name)) from error
             # AlreadyExists otherwise: made by an earlier pass, or by someone else, and left as it is either way
+
+    def require_token_auth(self, namespace: str, rayjob: dict[str, Any]) -> None:
+        """A dry run of the RayJob's create first: the API server answers with the object as it would store it,
+        less the fields KubeRay's CRD does not know. KubeRay before 1.5.1 does not know `authOptions` (checked
+        against its 1.4.2 and 1.5.1 CRDs): its RayJob would lose it and its Ray cluster run without
+        authentication, so nothing is created and the job says why (ApplyFailed, KubeRayTooOld)."""
+        try:
+            stored = self.kube.create(names.object_path("RayJob", namespace), rayjob, dry_run=True)
+        except ApiError as error:
+            if error.status == 409:
+                return  # it exists: made by an earlier pass, checked then (or not the job's: create_once says so)
+            raise
+        if not token_auth_kept(stored):
+            raise ApplyFailed("RayJob", rayjob["metadata"]["name"], KUBERAY_TOO_OLD, ConditionReason.KUBERAY_TOO_OLD)
 
     def owns_rayjob(self, namespace: str, rayjob: dict[str, Any]) -> bool:
         """Whether the RayJob of that name is this job's (the watch cache may not show one just created)."""
@@ -195,7 +215,9 @@ class Reconciler:
         current = self.kube.get(names.rljob_path(meta["namespace"], meta["name"]))  # after this pass's status write
         if current is None:
             return
-        failed = apply_failed(decision.status, failure.kind, failure.name, failure.message, self.clock())
+        failed = apply_failed(
+            decision.status, failure.kind, failure.name, failure.message, self.clock(), reason=failure.reason
+        )
         self.write_status(current, failed, str(current["metadata"]["resourceVersion"]))
         self.post_events(observed.rljob, transition_events(decision.status, failed))
 

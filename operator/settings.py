@@ -6,9 +6,11 @@
   safety net: RayJob changes, edits and the decisions' own timing (backoff, deadline, TTL) trigger passes.
 - KUBERL_RECONCILE_WORKERS (16): reconcile passes that run at once (threads).
 - KUBERL_HEAD_CPU / KUBERL_HEAD_MEMORY (1 / 4Gi): the Ray head pod (it runs the controller, no GPU).
-- KUBERL_RAY_VERSION (2.60.0): the runtime image's Ray version, the RayCluster's rayVersion.
-- KUBERL_KUBERAY_OPERATOR_LABELS (app.kubernetes.io/name=kuberay-operator) / KUBERL_KUBERAY_NAMESPACE (any):
-  KubeRay's operator pods, which each job's NetworkPolicy lets reach the Ray dashboard.
+- KUBERL_RAY_VERSION (2.60.0): the runtime image's Ray version, the RayCluster's rayVersion; 2.52.0 or later
+  (Ray's token authentication, which every job's cluster turns on).
+- KUBERL_KUBERAY_NAMESPACE (required) / KUBERL_KUBERAY_OPERATOR_LABELS (app.kubernetes.io/name=kuberay-operator):
+  KubeRay's operator pods, which each job's NetworkPolicy lets reach the Ray dashboard: those labels, in that
+  namespace only.
 - KUBERL_WEBHOOK_ADDR (0.0.0.0): the address the webhook listens on (with --webhook-port).
 - KUBERL_WEBHOOK_CERT / KUBERL_WEBHOOK_KEY (required with --webhook-port): the webhook's serving
   certificate and key (PEM files). The ValidatingWebhookConfiguration is the Helm chart's, not the operator's.
@@ -22,6 +24,7 @@
 """
 
 import os
+import re
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
@@ -48,6 +51,33 @@ def parse_labels(text: str) -> dict[str, str]:
             )
         labels[key] = value
     return labels
+
+
+def kuberay_namespace(env: Mapping[str, str]) -> str:
+    """KUBERL_KUBERAY_NAMESPACE, which must be set: without it the NetworkPolicy would have to admit KubeRay's
+    labels from every namespace, where anyone who may create a pod could copy them."""
+    namespace = env.get(contract.KUBERAY_NAMESPACE_ENV)
+    if not namespace:
+        raise ValueError(
+            f"{contract.KUBERAY_NAMESPACE_ENV} is not set: give the namespace KubeRay's operator runs in (the chart's "
+            "kuberay.namespace; `kubectl get pods -A -l app.kubernetes.io/name=kuberay-operator` shows it). Each "
+            "job's NetworkPolicy admits KubeRay to the Ray dashboard from that namespace only"
+        )
+    return namespace
+
+
+def ray_version(env: Mapping[str, str]) -> str:
+    """KUBERL_RAY_VERSION (default DEFAULT_RAY_VERSION), refused below the first Ray with token authentication:
+    that Ray would ignore RAY_AUTH_MODE, and KubeRay refuses every RayJob whose rayVersion says so."""
+    version = env.get(contract.RAY_VERSION_ENV) or DEFAULT_RAY_VERSION
+    found = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    floor = ".".join(map(str, contract.TOKEN_AUTH_RAY_VERSION))
+    if found is None or tuple(int(part or 0) for part in found.groups()) < contract.TOKEN_AUTH_RAY_VERSION:
+        raise ValueError(
+            f"{contract.RAY_VERSION_ENV} ({version!r}) must be the Ray version of the runtime image, {floor} or later: "
+            "every job's Ray cluster uses Ray's token authentication, which older Ray ignores"
+        )
+    return version
 
 
 def default_runtime_image(version: str = __version__) -> str:
@@ -125,8 +155,8 @@ class OperatorSettings:
     head_memory: str = "4Gi"
     #: The Ray version of the runtime image, told to KubeRay (rayVersion; its token authentication needs 2.52+)
     ray_version: str = DEFAULT_RAY_VERSION
-    #: Where KubeRay's operator runs, for each job's NetworkPolicy (its pods' labels; its namespace, None: any)
-    kuberay: KubeRayPeer = field(default_factory=KubeRayPeer)
+    #: Where KubeRay's operator runs, for each job's NetworkPolicy (its namespace, required, and its pods' labels)
+    kuberay: KubeRayPeer = field(kw_only=True)
     namespaces: tuple[str, ...] = ()
     metrics_port: int | None = None
     webhook_port: int | None = None
@@ -160,10 +190,10 @@ class OperatorSettings:
             workers=int(env.get(contract.RECONCILE_WORKERS_ENV, "16")),
             head_cpu=env.get(contract.HEAD_CPU_ENV, "1"),
             head_memory=env.get(contract.HEAD_MEMORY_ENV, "4Gi"),
-            ray_version=env.get(contract.RAY_VERSION_ENV) or DEFAULT_RAY_VERSION,
+            ray_version=ray_version(env),
             kuberay=KubeRayPeer(
+                namespace=kuberay_namespace(env),
                 labels=parse_labels(env.get(contract.KUBERAY_OPERATOR_LABELS_ENV) or DEFAULT_KUBERAY_LABELS),
-                namespace=env.get(contract.KUBERAY_NAMESPACE_ENV) or None,
             ),
             namespaces=tuple(namespaces or ()),
             metrics_port=metrics_port,

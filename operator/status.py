@@ -1,7 +1,7 @@
 """Pure status pieces: what a KubeRay RayJob's status means for the job, and Kubernetes-style conditions.
 
 KubeRay reports `status.jobDeploymentStatus` (New, Initializing, Running, Complete, Failed,
-Suspending, Suspended, Retrying, Waiting) and `status.jobStatus` (PENDING, RUNNING, STOPPED,
+Suspending, Suspended, Retrying, Waiting, ValidationFailed) and `status.jobStatus` (PENDING, RUNNING, STOPPED,
 SUCCEEDED, FAILED). `rayjob_state` folds them, and the RayJob's `spec.suspend` (which only Kueue
 moves: the operator sets it once, at creation, on a queued job), into the states the operator acts on. A
 condition's `lastTransitionTime` moves only when its status flips; reason and message may change
@@ -24,16 +24,27 @@ class RayJobState(StrEnum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    #: KubeRay refused the RayJob after it was created: the same spec is refused the same way, so never restarted.
+    REFUSED = "Refused"
+
+
+#: KubeRay's jobDeploymentStatus for a RayJob its own validation refused (ray-operator/controllers/ray/
+#: rayjob_controller.go at v1.6.2: `validateRayJob` fails, the status gets this, reason ValidationFailed and
+#: the error as message, and KubeRay does nothing more with the RayJob).
+VALIDATION_FAILED = "ValidationFailed"
 
 
 def rayjob_state(rayjob: dict[str, Any]) -> RayJobState:
-    """Succeeded only on jobStatus SUCCEEDED; Failed on FAILED/STOPPED or deployment Failed (or Complete
-    without success); Queued while suspended (Kueue has not admitted it, or preempted it) or until KubeRay has
-    finished suspending or resuming it; Running once deployed and not PENDING; everything else is still starting."""
+    """Succeeded only on jobStatus SUCCEEDED; Refused when KubeRay's validation refused it; Failed on
+    FAILED/STOPPED or deployment Failed (or Complete without success); Queued while suspended (Kueue has not
+    admitted it, or preempted it) or until KubeRay has finished suspending or resuming it; Running once deployed
+    and not PENDING; everything else is still starting."""
     status = rayjob.get("status") or {}
     deployment, job = status.get("jobDeploymentStatus") or "", status.get("jobStatus") or ""
     if job == "SUCCEEDED":
         return RayJobState.SUCCEEDED
+    if deployment == VALIDATION_FAILED:
+        return RayJobState.REFUSED
     if job in ("FAILED", "STOPPED") or deployment in ("Failed", "Complete"):
         return RayJobState.FAILED
     if (rayjob.get("spec") or {}).get("suspend") or deployment in ("Suspending", "Suspended"):

@@ -62,7 +62,14 @@ def review(body: dict[str, Any], old: dict[str, Any] | None = None) -> Review:
 
 
 def _manifest(body: dict[str, Any]) -> dict[str, Any]:
-    return {key: body[key] for key in ("apiVersion", "kind", "metadata", "spec") if key in body}
+    """The RLJob without its status (the operator's). Every other key counts: the CRD keeps unknown fields
+    (api/crd.py), so a key mistyped at the top (`runpolicy:` beside `spec:`) is refused here, not dropped."""
+    return {key: value for key, value in body.items() if key != "status"}
+
+
+def _content(body: Any) -> dict[str, Any]:
+    """What a write may change besides metadata and status: the spec, and any key mistyped beside it."""
+    return {key: value for key, value in dict(body).items() if key not in ("metadata", "status")}
 
 
 def _cluster_refusals(old: dict[str, Any]) -> set[str]:
@@ -84,7 +91,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     def validate_rljob(
         body: kopf.Body, warnings: list[str], old: Any = None, operation: str | None = None, **_: Any
     ) -> None:
-        if operation == "UPDATE" and old is not None and old.get("spec") == body.get("spec"):
+        if operation == "UPDATE" and old is not None and _content(old) == _content(body):
             return  # metadata-only writes (labels, kopf's annotations) of an already admitted job
         answer = review(dict(body), dict(old) if operation == "UPDATE" and old is not None else None)
         if answer.problems:

@@ -75,7 +75,7 @@ class PromptDataset:
         """
         if split not in ("train", "validation"):
             raise ValueError(f"split {split!r}; use 'train' or 'validation'")
-        field = f"data.{split}"
+        field = f"spec.data.{split}"
         locations = spec.locations(split)
         if not locations:
             raise DataError(f"{field} is not set; give a .jsonl or .parquet file or a directory of them")
@@ -100,7 +100,7 @@ class PromptDataset:
             prompts.append(Prompt(index=len(prompts), input_ids=kept, text=shown, record=record.data))
         if dropped:
             log.info(
-                "%s: dropped %d of %d prompts over data.maxPromptLength %d (data.overlongPrompt: drop)",
+                "%s: dropped %d of %d prompts over spec.data.maxPromptLength %d (spec.data.overlongPrompt: drop)",
                 field,
                 dropped,
                 len(records),
@@ -108,8 +108,8 @@ class PromptDataset:
             )
         if not prompts:
             raise DataError(
-                f"{field}: all {len(records)} prompts are over data.maxPromptLength {spec.max_prompt_length} and "
-                "data.overlongPrompt: drop left none; raise data.maxPromptLength"
+                f"{field}: all {len(records)} prompts are over spec.data.maxPromptLength {spec.max_prompt_length} and "
+                "spec.data.overlongPrompt: drop left none; raise spec.data.maxPromptLength"
             )
         return cls(prompts, dropped)
 
@@ -127,8 +127,8 @@ def _fit_length(
     others = sum(1 for other in all_ids if len(other) > limit) - 1
     more = f" ({others} more records are too long)" if others else ""
     raise DataError(
-        f"{field}: record {index} ({where}) has {len(ids)} prompt tokens, over data.maxPromptLength {limit}{more}; "
-        "raise data.maxPromptLength, or set data.overlongPrompt to truncate_left or truncate_right"
+        f"{field}: record {index} ({where}) has {len(ids)} prompt tokens, over spec.data.maxPromptLength {limit}"
+        f"{more}; raise spec.data.maxPromptLength, or set spec.data.overlongPrompt to truncate_left or truncate_right"
     )
 
 
@@ -139,8 +139,9 @@ def render_prompt(
     data = record.data
     if spec.prompt_field not in data:
         raise DataError(
-            f"{field}: record {index} ({record.where}) has no field {spec.prompt_field!r} (data.promptField); "
-            f"its fields are: {', '.join(sorted(data)) or 'none'}. Set data.promptField to the field holding the prompt"
+            f"{field}: record {index} ({record.where}) has no field {spec.prompt_field!r} (spec.data.promptField); "
+            f"its fields are: {', '.join(sorted(data)) or 'none'}. Set spec.data.promptField to the field holding the "
+            "prompt"
         )
     prompt = data[spec.prompt_field]
     if isinstance(prompt, str) and not spec.chat_template:
@@ -148,7 +149,7 @@ def render_prompt(
     if isinstance(prompt, list) and not spec.chat_template:
         raise DataError(
             f"{field}: record {index} ({record.where}) holds a list of chat messages in {spec.prompt_field!r}; "
-            "set data.chatTemplate: true to render them with the tokenizer's chat template"
+            "set spec.data.chatTemplate: true to render them with the tokenizer's chat template"
         )
     if isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
@@ -159,8 +160,8 @@ def render_prompt(
         )
     if getattr(tokenizer, "chat_template", None) is None:
         raise DataError(
-            "data.chatTemplate is true but the tokenizer has no chat template; "
-            "set data.chatTemplate: false, or use a model whose tokenizer_config.json has one"
+            "spec.data.chatTemplate is true but the tokenizer has no chat template; "
+            "set spec.data.chatTemplate: false, or use a model whose tokenizer_config.json has one"
         )
     extra = {"tools": list(tools)} if tools else {}
     rendered: str = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False, **extra)
@@ -301,7 +302,8 @@ class PromptLoader:
         self.steps_per_epoch = len(dataset) // batch_size
         if self.steps_per_epoch == 0:
             raise DataError(
-                f"{len(dataset)} prompts, fewer than data.batchSize {batch_size}; add prompts or lower data.batchSize"
+                f"{len(dataset)} prompts, fewer than spec.data.batchSize {batch_size}; add prompts or lower "
+                "spec.data.batchSize"
             )
         self.total_steps = total_steps if total_steps is not None else epochs * self.steps_per_epoch
         self._order = lru_cache(maxsize=2)(self._epoch_order)

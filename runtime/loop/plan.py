@@ -144,7 +144,7 @@ def make_plan(job: RLJob, output_dir: Path, base_dir: Path, cache_dir: Path) -> 
     if spec.data.validation is not None:
         validation = PromptDataset.load(spec.data, tokenizer, base_dir, split="validation", tools=tools)
     spec.reward = resolved_reward_file(spec.reward, base_dir)  # the workers load it from anywhere
-    check_reward_inputs(spec.reward, {"data.train": dataset, "data.validation": validation})
+    check_reward_inputs(spec.reward, {"spec.data.train": dataset, "spec.data.validation": validation})
     return RunPlan(
         job,
         output_dir,

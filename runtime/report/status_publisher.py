@@ -38,7 +38,7 @@ from kuberl.runtime.report.telemetry import status_fields
 
 log = logging.getLogger(__name__)
 
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+SERVICE_ACCOUNT_DIR = Path(contract.SERVICE_ACCOUNT_DIR)
 
 
 def status_metrics(metrics: Mapping[str, float]) -> dict[str, Any]:

@@ -237,8 +237,12 @@ def _spawn(cp: ControlPlane, name: str, argv: list[str]) -> None:
     )
 
 
-def start_control_plane(crds: Sequence[Path] = (), *, start_controller_manager: bool = True) -> ControlPlane:
-    """Start etcd, kube-apiserver and (after installing `crds`) kube-controller-manager; wait until ready."""
+def start_control_plane(
+    crds: Sequence[Path] = (), *, start_controller_manager: bool = True, controllers: str = CONTROLLERS
+) -> ControlPlane:
+    """Start etcd, kube-apiserver and (after installing `crds`) kube-controller-manager running `controllers`;
+    wait until ready. The controller-manager holds the ServiceAccount signing key and the API server's CA, which
+    the `serviceaccount-token` controller needs to fill Secrets of type kubernetes.io/service-account-token."""
     binaries = envtest_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="kuberl-envtest-"))
     token = secrets.token_hex(16)
@@ -301,7 +305,9 @@ def start_control_plane(crds: Sequence[Path] = (), *, start_controller_manager: 
                 [
                     str(binaries / "kube-controller-manager"),
                     f"--kubeconfig={kubeconfig}",
-                    f"--controllers={CONTROLLERS}",
+                    f"--controllers={controllers}",
+                    f"--service-account-private-key-file={workdir / 'sa.key'}",
+                    f"--root-ca-file={workdir / 'certs' / 'apiserver.crt'}",
                     "--use-service-account-credentials=false",
                     "--leader-elect=false",
                     "--port=0",

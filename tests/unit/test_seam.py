@@ -41,12 +41,14 @@ from kuberl.runtime.objectstore import is_remote
 from kuberl.runtime.report.status_publisher import report_target
 from kuberl.runtime.workers.group import ray_actor_options
 from tests.conftest import REPO
+from tests.unit.operator.conftest import KUBERAY
+from tests.unit.operator.kuberay_autoscaler import token_holder
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"), key=lambda path: path.name)
 #: The examples `kuberl run` runs on this machine (relative paths, checkpoints in the output folder); on a
 #: cluster the webhook refuses them. tiny-grpo-cluster.yaml is the demo for a cluster.
 LOCAL_ONLY = {"tiny-grpo.yaml", "tiny-grpo-async.yaml", "tiny-grpo-lora.yaml", "agent-python-tool.yaml"}
-SETTINGS = OperatorSettings()
+SETTINGS = OperatorSettings(kuberay=KUBERAY)
 UID = "0b1c2d3e-0000-4000-8000-000000000001"
 
 
@@ -76,7 +78,8 @@ def operator_makes(example: Path, index: int = 0) -> Made:
         head_cpu=SETTINGS.head_cpu,
         head_memory=SETTINGS.head_memory,
     )
-    return Made(manifest, configmap, rayjob, access.build_access(owner, SETTINGS.kuberay))
+    made = access.build_access(owner, SETTINGS.kuberay, autoscaled=job.spec.resources.autoscaled)
+    return Made(manifest, configmap, rayjob, made)
 
 
 def head_spec(rayjob: dict[str, Any]) -> dict[str, Any]:
@@ -204,14 +207,14 @@ def test_the_runtime_reads_its_job_and_identity_from_the_pod(example: Path):
 def test_the_head_may_write_its_report_and_nothing_else_and_only_the_head_holds_a_token(example: Path):
     made = operator_makes(example)
     _, namespace, report = report_target(runtime_sees(made).env)
-    head = head_spec(made.rayjob)["template"]["spec"]
-    account = head["serviceAccountName"]
+    head = head_spec(made.rayjob)["template"]
+    secrets = {o["metadata"]["name"]: o for o in made.access if o["kind"] == "Secret"}
+    account = token_holder(head, head["spec"]["containers"][0], secrets)  # the token the controller publishes with
     kinds = {o["kind"]: o for o in made.access if o["metadata"]["name"] == account}
     assert kinds["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
     assert kinds["RoleBinding"]["roleRef"]["name"] == kinds["Role"]["metadata"]["name"]
     only_rule = {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [report], "verbs": ["patch"]}
     assert kinds["Role"]["rules"] == [only_rule]
-    assert head["automountServiceAccountToken"] is True
     for group in worker_specs(made.rayjob):  # reward code runs there
         assert group["template"]["spec"]["automountServiceAccountToken"] is False
 

@@ -10,6 +10,7 @@ The chaos test runs its own operator as a subprocess in a `chaos-*` namespace in
 
 import asyncio
 import base64
+import contextlib
 import json
 import secrets
 import threading
@@ -17,9 +18,12 @@ import time
 import urllib.error
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
+from kubernetes.client import Configuration
 
 from kuberl.operator import names
 from kuberl.operator.kube import Kube
@@ -27,7 +31,14 @@ from kuberl.operator.main import Operator, build_operator, serve
 from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.webhook import WEBHOOK_ID
 from tests.integration.certs import write_certificate
-from tests.integration.envtest import ControlPlane, control_plane, free_port, namespace  # noqa: F401
+from tests.integration.envtest import (  # noqa: F401 - fixtures
+    ControlPlane,
+    control_plane,
+    free_port,
+    namespace,
+    start_control_plane,
+)
+from tests.unit.operator.conftest import KUBERAY
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +81,7 @@ def operator(
         webhook_cert=str(certificate),
         webhook_key=str(key),
         loop_stall_seconds=LOOP_STALL_SECONDS,
+        kuberay=KUBERAY,
     )
     built = build_operator(settings)
     metrics_server = built.metrics.serve(settings.metrics_port or 0, addr="127.0.0.1", health=built.heartbeat.check)
@@ -88,6 +100,24 @@ def operator(
     thread.join(30)
     metrics_server.shutdown()
     built.close()
+
+
+@contextlib.contextmanager
+def own_api_server(crds: list[Path], controllers: str | None = None) -> Iterator[tuple[ControlPlane, Kube]]:
+    """An API server of the test's own holding only `crds` (and, given, kube-controller-manager's `controllers`),
+    and the operator's client of it as admin; for a module that plays a cluster unlike the session's."""
+    if controllers is None:
+        cp = start_control_plane(crds, start_controller_manager=False)
+    else:
+        cp = start_control_plane(crds, controllers=controllers)
+    configuration = Configuration()
+    kubernetes.config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
+    kube = Kube(configuration)
+    try:
+        yield cp, kube
+    finally:
+        kube.close()
+        cp.stop()
 
 
 @pytest.fixture

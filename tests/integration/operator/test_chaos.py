@@ -26,6 +26,7 @@ from kuberl.operator import names
 from kuberl.operator.kube import Kube
 from tests.integration.envtest import ControlPlane, free_port
 from tests.integration.operator.conftest import Cluster, tiny_spec, wait_for
+from tests.unit.operator.conftest import KUBERAY
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +43,7 @@ def start_operator(namespace: str, workdir: Path, log: Path) -> subprocess.Popen
         "KUBERL_RESYNC_SECONDS": "1",
         "KUBERL_RECONCILE_WORKERS": "8",
         "KUBERL_RUNTIME_IMAGE": "registry.test/kuberl-runtime:chaos",
+        "KUBERL_KUBERAY_NAMESPACE": KUBERAY.namespace,
     }
     command = [sys.executable, "-m", "kuberl", "operator", "--namespace", namespace]
     command += ["--metrics-port", str(free_port())]

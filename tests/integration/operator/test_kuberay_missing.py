@@ -7,9 +7,7 @@ then installed and the next pass creates the RayJob.
 
 from collections.abc import Iterator
 
-import kubernetes
 import pytest
-from kubernetes.client import Configuration
 
 from kuberl.operator import names
 from kuberl.operator.decide import KUBERAY_RETRY_SECONDS
@@ -17,33 +15,25 @@ from kuberl.operator.kube import Kube
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.reconcile import Reconciler
 from kuberl.operator.settings import OperatorSettings
-from tests.integration.envtest import FAKE_KUBERAY_CRDS, RLJOB_CRD, ControlPlane, start_control_plane
-from tests.integration.operator.conftest import rljob_manifest, tiny_spec
+from tests.integration.envtest import FAKE_KUBERAY_CRDS, RLJOB_CRD, ControlPlane
+from tests.integration.operator.conftest import own_api_server, rljob_manifest, tiny_spec
+from tests.unit.operator.conftest import KUBERAY
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def bare_cluster() -> Iterator[ControlPlane]:
-    cp = start_control_plane([RLJOB_CRD], start_controller_manager=False)
-    try:
-        yield cp
-    finally:
-        cp.stop()
+def bare_cluster() -> Iterator[tuple[ControlPlane, Kube]]:
+    with own_api_server([RLJOB_CRD]) as cluster:
+        yield cluster
 
 
-def admin_kube(cp: ControlPlane) -> Kube:
-    configuration = Configuration()
-    kubernetes.config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
-    return Kube(configuration)
-
-
-def test_without_kuberay_the_job_waits_with_a_condition_saying_what_to_install(bare_cluster: ControlPlane):
-    kube = admin_kube(bare_cluster)
+def test_without_kuberay_the_job_waits_with_a_condition_saying_what_to_install(bare_cluster: tuple[ControlPlane, Kube]):
+    cp, kube = bare_cluster
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "no-kuberay"}}
-    bare_cluster.request("POST", "/api/v1/namespaces", namespace)
+    cp.request("POST", "/api/v1/namespaces", namespace)
     kube.create(names.rljob_path("no-kuberay"), rljob_manifest("waiting", "no-kuberay", tiny_spec()))
-    reconciler = Reconciler(kube, OperatorSettings(), OperatorMetrics())
+    reconciler = Reconciler(kube, OperatorSettings(kuberay=KUBERAY), OperatorMetrics())
 
     decision = reconciler.run_pass("no-kuberay", "waiting")
     assert decision is not None and decision.requeue_after == KUBERAY_RETRY_SECONDS
@@ -53,7 +43,6 @@ def test_without_kuberay_the_job_waits_with_a_condition_saying_what_to_install(b
     assert "install KubeRay" in created["message"]
     assert status["phase"] == "Pending"
 
-    bare_cluster.install_crds(FAKE_KUBERAY_CRDS)  # KubeRay installed meanwhile
+    cp.install_crds(FAKE_KUBERAY_CRDS)  # KubeRay installed meanwhile
     reconciler.run_pass("no-kuberay", "waiting")
     assert kube.get(names.rayjob_path("no-kuberay", "waiting-0")) is not None
-    kube.close()

@@ -31,6 +31,7 @@ from kuberl.operator.kube import Kube
 from kuberl.operator.leader import lease_path
 from tests.integration.envtest import ControlPlane, free_port, kubeconfig_for, wait_until
 from tests.integration.operator.conftest import Cluster, tiny_spec
+from tests.unit.operator.conftest import KUBERAY
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +92,7 @@ class Replica:
             "KUBERL_RESYNC_SECONDS": "2",
             "KUBERL_RECONCILE_WORKERS": "8",
             "KUBERL_RUNTIME_IMAGE": "registry.test/kuberl-runtime:lease",
+            "KUBERL_KUBERAY_NAMESPACE": KUBERAY.namespace,
             "KUBERL_LEASE_NAMESPACE": namespace,
             "KUBERL_LEASE_NAME": LEASE,
             "KUBERL_LEASE_IDENTITY": identity,
@@ -164,6 +166,7 @@ def moment(event: dict[str, Any], key: str) -> datetime.datetime:
 
 
 def rayjob_creates(cp: ControlPlane, namespace: str, identities: tuple[str, ...]) -> int:
+    """RayJobs created (not the dry run before each create, which stores nothing: reconcile.py)."""
     return sum(
         1
         for identity in identities
@@ -172,6 +175,7 @@ def rayjob_creates(cp: ControlPlane, namespace: str, identities: tuple[str, ...]
         and event["objectRef"].get("resource") == "rayjobs"
         and event["objectRef"].get("namespace") == namespace
         and event["responseStatus"]["code"] == 201
+        and "dryRun=" not in event["requestURI"]
     )
 
 

@@ -380,19 +380,51 @@ def test_a_refused_rayjob_shows_the_api_servers_message_and_is_retried_until_it_
     assert wait_for(created_true, what="Created=True once the RayJob is seen")["reason"] == "RayJobCreated"
 
 
-def test_a_typo_the_api_server_dropped_is_reported_as_unknown_fields(cluster: Cluster):
-    """What `kubectl apply` sends (the manifest, and itself in the last-applied annotation); the server prunes."""
-    manifest = rljob_manifest("typo", cluster.ns, tiny_spec(algorithm={"groupsize": 4}))
-    manifest["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(manifest)}
-    cluster.kube.create(names.rljob_path(cluster.ns), manifest)
-    assert "groupsize" not in (cluster.rljob("typo") or {})["spec"]["algorithm"]  # pruned, silently
+TYPO = "spec.algorithm.groupsize: unknown field (did you mean groupSize?)"
+
+
+def test_a_typo_is_refused_for_a_create_as_helm_and_kubectl_create_send_it(cluster: Cluster):
+    """The CRD keeps unknown fields (api/crd.py), so the webhook sees the typo the API server used to drop."""
+    with pytest.raises(ApiError) as refused:
+        cluster.create("typo", tiny_spec(algorithm={"groupsize": 4}))
+    assert TYPO in refusal(refused.value)
+    assert cluster.rljob("typo") is None
+
+
+def test_a_typo_is_refused_for_a_server_side_apply(cluster: Cluster):
+    manifest = rljob_manifest("typo-ssa", cluster.ns, tiny_spec(algorithm={"groupsize": 4}))
+    with pytest.raises(ApiError) as refused:
+        cluster.kube.apply(names.rljob_path(cluster.ns, "typo-ssa"), manifest)
+    assert TYPO in refusal(refused.value)
+    assert cluster.rljob("typo-ssa") is None
+
+
+def test_a_typo_is_refused_in_an_edit_and_beside_the_spec(cluster: Cluster):
+    cluster.create("typo-edit", tiny_spec())
+    with pytest.raises(ApiError) as refused:
+        cluster.edit_spec("typo-edit", {"runPolicy": {"maxRestart": 2}})
+    assert "spec.runPolicy.maxRestart: unknown field (did you mean maxRestarts?)" in refusal(refused.value)
+    misplaced = rljob_manifest("typo-top", cluster.ns, tiny_spec())
+    misplaced["runPolicy"] = {"suspend": True}  # indented one level too little: beside spec, not in it
+    with pytest.raises(ApiError) as refused:
+        cluster.kube.create(names.rljob_path(cluster.ns), misplaced)
+    assert "runPolicy: unknown field" in refusal(refused.value)
+
+
+def test_a_typo_an_older_crd_dropped_is_reported_as_unknown_fields(cluster: Cluster):
+    """A job stored before the CRD kept unknown fields: what `kubectl apply` applied (its last-applied annotation)
+    holds the typo, the stored spec does not."""
+    applied = rljob_manifest("typo-old", cluster.ns, tiny_spec(algorithm={"groupsize": 4}))
+    stored = rljob_manifest("typo-old", cluster.ns, tiny_spec(algorithm={}))
+    stored["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(applied)}
+    cluster.kube.create(names.rljob_path(cluster.ns), stored)
 
     def unknown_fields() -> dict[str, Any] | None:
-        return next((c for c in cluster.status("typo").get("conditions", []) if c["type"] == "UnknownFields"), None)
+        return next((c for c in cluster.status("typo-old").get("conditions", []) if c["type"] == "UnknownFields"), None)
 
     condition = wait_for(unknown_fields, what="the UnknownFields condition")
     assert condition["status"] == "True" and "spec.algorithm.groupsize" in condition["message"]
-    warned = wait_for(lambda: [e["type"] for e in cluster.events("typo") if e["reason"] == "FieldsPruned"])
+    warned = wait_for(lambda: [e["type"] for e in cluster.events("typo-old") if e["reason"] == "FieldsPruned"])
     assert warned == ["Warning"]
 
 

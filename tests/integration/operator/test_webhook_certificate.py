@@ -13,6 +13,7 @@ from kuberl.operator import webhook
 from kuberl.operator.settings import OperatorSettings
 from tests.integration.certs import write_certificate
 from tests.integration.envtest import free_port
+from tests.unit.operator.conftest import KUBERAY
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,11 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path, monke
     port = free_port()
     server = webhook.server(
         OperatorSettings(
-            webhook_port=port, webhook_addr="127.0.0.1", webhook_cert=str(first_cert), webhook_key=str(key)
+            webhook_port=port,
+            webhook_addr="127.0.0.1",
+            webhook_cert=str(first_cert),
+            webhook_key=str(key),
+            kuberay=KUBERAY,
         )
     )
 

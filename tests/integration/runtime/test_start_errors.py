@@ -37,7 +37,7 @@ def test_missing_data_file_names_the_field_and_path(tmp_path, capsys):
     path = write_job(tmp_path, **{"data.train": "nowhere/prompts.jsonl"})
     assert run_cli(path, tmp_path) == ExitCode.CONFIG_ERROR
     err = capsys.readouterr().err
-    assert "data.train" in err and "nowhere/prompts.jsonl" in err
+    assert "spec.data.train" in err and "nowhere/prompts.jsonl" in err
 
 
 def test_empty_dataset_is_refused(tmp_path, capsys):
@@ -97,5 +97,5 @@ def test_nothing_is_started_or_written_before_the_checks(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert done.stdout.split() == [str(int(ExitCode.CONFIG_ERROR)), "False"], done.stderr
-    assert "data.train" in done.stderr
+    assert "spec.data.train" in done.stderr
     assert not (tmp_path / "out").exists()

@@ -39,6 +39,17 @@ def test_schema_is_structural(schema):
             assert node.get(bound, True) is True, f"{path}: {bound} must be boolean in OpenAPI v3.0"
 
 
+def test_unknown_fields_are_kept_for_the_webhook_to_refuse_them(schema):
+    """Every object of the spec, and the root, keeps fields it does not know: the API server prunes only below a node
+    that does not say so, and a pruned typo never reaches the webhook. The status stays pruned (the operator's)."""
+    assert schema["x-kubernetes-preserve-unknown-fields"] is True
+    objects = [(path, node) for path, node in walk(schema["properties"]["spec"], "spec") if "properties" in node]
+    assert len(objects) > 20
+    assert [path for path, node in objects if not node.get("x-kubernetes-preserve-unknown-fields")] == []
+    status = schema["properties"]["status"]
+    assert [path for path, node in walk(status, "status") if node.get("x-kubernetes-preserve-unknown-fields")] == []
+
+
 def test_no_string_defaults_that_kubernetes_1_20_rejects(schema):
     for path, node in walk(schema):
         assert "default" not in node, f"{path} carries a default; defaults belong to the models"

@@ -135,6 +135,75 @@ def test_a_credential_in_an_env_value_is_refused_like_one_in_its_name(minimal_ma
     assert why in message and "Secret" in message and value not in message  # the credential is not echoed
 
 
+#: Tokens in the form each provider gives them (made up, of the documented prefix and length).
+TOKENS = [
+    ("sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8t" * 2, "an OpenAI-style API key"),
+    ("sk-ant-api03-" + "x7Y2" * 20, "an Anthropic API key"),
+    ("ghp_" + "a1B2c3D4e5F6" * 3, "a GitHub token"),
+    ("github_pat_11ABCDEFG0" + "q" * 60, "a GitHub token"),
+    ("glpat-" + "AbCdEfGhIj1234567890", "a GitLab token"),
+    ("hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz123456", "a Hugging Face token"),
+    ("xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOp", "a Slack token"),
+    ("AKIA" + "IOSFODNN7EXAMPLE", "an AWS access key id"),
+    ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "a JWT"),
+    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n", "a private key"),
+]
+
+
+@pytest.mark.parametrize(("token", "why"), TOKENS, ids=[kind for _, kind in TOKENS])
+def test_a_token_known_by_its_prefix_is_refused_in_env_whatever_the_variables_name(minimal_manifest, token, why):
+    bad = with_spec(minimal_manifest, env=[{"name": "CALLBACK", "value": token}])
+    message = problems_of(bad)["spec.env[0].value"]
+    assert why in message and "Secret" in message and token not in message  # the credential is not echoed
+
+
+@pytest.mark.parametrize("name", ["OPENAI_KEY", "GH_PAT", "GOOGLE_APPLICATION_CREDENTIALS_JSON", "KEY"])
+def test_a_name_ending_in_key_or_pat_is_refused_like_the_credential_words(minimal_manifest, name: str):
+    assert (
+        "secretRefs" in problems_of(with_spec(minimal_manifest, env=[{"name": name, "value": "x"}]))["spec.env[0].name"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("KEYS_DIR", "/keys"),
+        ("PIP_EXTRA", "scikit-learn sk-learn"),  # words, not a key
+        ("TASK", "task-" + "a" * 40),  # `sk-` inside a word
+        ("GIT_COMMIT", "3f2a" * 10),  # 40 hex characters: no prefix, not a known token
+        ("HF_HUB_ENABLE_HF_TRANSFER", "1"),
+    ],
+)
+def test_values_and_names_that_only_look_alike_are_fine(minimal_manifest, name: str, value: str):
+    parse_rljob(with_spec(minimal_manifest, env=[{"name": name, "value": value}]))
+
+
+def test_a_credential_in_a_pod_templates_env_is_refused_but_a_secret_reference_passes(minimal_manifest):
+    token = TOKENS[2][0]
+    container = {
+        "name": "ray-worker",
+        "env": [
+            {"name": "GITHUB", "value": token},
+            {"name": "DB_PASSWORD", "value": "hunter2"},
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+        ],
+    }
+    bad = with_spec(minimal_manifest, resources={"actor": {"podTemplate": {"spec": {"containers": [container]}}}})
+    problems = problems_of(bad)
+    at = "spec.resources.actor.podTemplate.spec.containers[0].env"
+    assert sorted(problems) == [f"{at}[0].value", f"{at}[1].value"]
+    assert "a GitHub token" in problems[f"{at}[0].value"] and token not in problems[f"{at}[0].value"]
+    assert "DB_PASSWORD, by its name" in problems[f"{at}[1].value"]
+
+
+def test_the_credential_checks_examples_hold():
+    import doctest
+
+    from kuberl.api import credentials
+
+    assert doctest.testmod(credentials).failed == 0
+
+
 @pytest.mark.parametrize(
     "value", ["https://proxy.corp:3128", "https://bob@git.example.com/repo", "https://x.com/?mode=fast&top_k=5"]
 )

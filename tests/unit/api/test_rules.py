@@ -319,6 +319,62 @@ BROKEN = [
         "greater than 0",
     ),
     (
+        "RAY_REDIS_ADDRESS without GCS fault tolerance (KubeRay 1.6.2 ValidateRayClusterSpec)",
+        {"env": [{"name": "RAY_REDIS_ADDRESS", "value": "redis:6379"}]},
+        "spec.env[0].name",
+        "gcsFaultToleranceOptions",
+    ),
+    (
+        "REDIS_USERNAME in the head's Ray container",
+        {
+            "resources.head": {
+                "podTemplate": {
+                    "spec": {"containers": [{"name": "ray-head", "env": [{"name": "REDIS_USERNAME", "value": "ray"}]}]}
+                }
+            }
+        },
+        "spec.resources.head.podTemplate.spec.containers[0].env[0].name",
+        "Redis user",
+    ),
+    (
+        "autoscaler v2 without an elastic pool",
+        {"env": [{"name": "RAY_enable_autoscaler_v2", "value": "1"}]},
+        "spec.env[0].name",
+        "in-tree autoscaling",
+    ),
+    (
+        "a head without containers",
+        {"resources.head": {"podTemplate": {"spec": {"containers": []}}}},
+        "spec.resources.head.podTemplate.spec.containers",
+        "KubeRay refuses a pod without one",
+    ),
+    (
+        "a pool without containers",
+        {"resources.reward": {"podTemplate": {"spec": {"containers": []}}}},
+        "spec.resources.reward.podTemplate.spec.containers",
+        "ray-worker",
+    ),
+    (
+        "token authentication turned off in env",
+        {"env": [{"name": "RAY_AUTH_MODE", "value": "disabled"}]},
+        "spec.env[0].name",
+        "RAY_AUTH_MODE=disabled would turn authentication off",
+    ),
+    (
+        "token authentication turned off in a pool's Ray container",
+        {
+            "resources.actor": {
+                "podTemplate": {
+                    "spec": {
+                        "containers": [{"name": "ray-worker", "env": [{"name": "RAY_AUTH_MODE", "value": "disabled"}]}]
+                    }
+                }
+            }
+        },
+        "spec.resources.actor.podTemplate.spec.containers[0].env[0].name",
+        "KubeRay's",
+    ),
+    (
         "episodes on an elastic rollout pool",
         {
             "environment": {"name": "python"},
@@ -380,6 +436,27 @@ VALID = [
             "rollout.useEngineLogprobs": True,
         },
     ),
+    # minReplicas = maxReplicas = replicas: what the rules tell users to write for a fixed pool (a role that cannot
+    # scale, a job in a Kueue queue, a rollout pool serving episodes); an off-by-one in the bounds would refuse it
+    (
+        "every bound written out on a fixed pool",
+        {
+            "resources.actor": {"replicas": 2, "minReplicas": 2, "maxReplicas": 2},
+            "resources.reward": {"replicas": 3, "minReplicas": 3, "maxReplicas": 3},
+        },
+    ),
+    (
+        "every bound written out in a Kueue queue",
+        {"queueName": "team-a", "resources.reward": {"replicas": 1, "minReplicas": 1, "maxReplicas": 1}},
+    ),
+    (
+        "every bound written out on a rollout pool serving episodes",
+        {
+            "environment": {"name": "python"},
+            "rollout.placement": "separate",
+            "resources.rollout": {"replicas": 2, "minReplicas": 2, "maxReplicas": 2},
+        },
+    ),
     ("elastic reward", {"resources.reward": {"replicas": 2, "minReplicas": 1, "maxReplicas": 8}}),
     ("elastic reward at zero", {"resources.reward": {"replicas": 1, "minReplicas": 0, "maxReplicas": 8}}),
     ("mini-batch divisor", {"algorithm.miniBatchSize": 4}),
@@ -429,6 +506,29 @@ VALID = [
         "an elastic rollout pool without episodes",
         {"rollout.placement": "separate", "resources.rollout": {"replicas": 1, "minReplicas": 1, "maxReplicas": 3}},
     ),
+    (
+        "autoscaler v2 with an elastic pool",
+        {
+            "env": [{"name": "RAY_enable_autoscaler_v2", "value": "1"}],
+            "resources.reward": {"replicas": 1, "minReplicas": 1, "maxReplicas": 4},
+        },
+    ),
+    ("autoscaler v2 turned off without an elastic pool", {"env": [{"name": "RAY_enable_autoscaler_v2", "value": "0"}]}),
+    (
+        "Redis variables in a sidecar of the head",
+        {
+            "resources.head": {
+                "podTemplate": {
+                    "spec": {
+                        "containers": [
+                            {"name": "cache", "image": "redis", "env": [{"name": "REDIS_USERNAME", "value": "ray"}]}
+                        ]
+                    }
+                }
+            }
+        },
+    ),
+    ("RAY_ variables that are not KubeRay's", {"env": [{"name": "RAY_DEDUP_LOGS", "value": "0"}]}),
     (
         "the overlong buffer against the episode",
         {"environment": {"name": "python", "maxEpisodeTokens": 512}, "reward.overlongPenalty": {"bufferLength": 300}},

@@ -18,14 +18,21 @@ RELEASE = "kuberl"
 RELEASE_NAMESPACE = "kuberl-system"
 
 
+#: KubeRay's namespace, a value every install must give (`kuberay.namespace`); `render` adds it unless a test does.
+KUBERAY_NAMESPACE = "kuberay-system"
+
+
 def render(
     values: dict[str, Any] | None = None, *, name: str = RELEASE, namespace: str = RELEASE_NAMESPACE
 ) -> list[dict[str, Any]]:
-    """Every object of the chart's templates (not crds/) for these values, as `helm install` renders them."""
+    """Every object of the chart's templates (not crds/) for these values, as `helm install` renders them; with
+    `kuberay.namespace`, which the chart requires, set to KUBERAY_NAMESPACE unless the values set it."""
     import helm_python
 
+    values = dict(values or {})
+    values["kuberay"] = {"namespace": KUBERAY_NAMESPACE, **(values.get("kuberay") or {})}
     with helm_python.Chart.load(CHART) as chart:
-        manifests = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
+        manifests = chart.render(values, name=name, namespace=namespace, is_install=True)
     objects: list[dict[str, Any]] = []
     for path in sorted(manifests):
         if not path.endswith((".yaml", ".yml")):

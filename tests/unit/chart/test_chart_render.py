@@ -210,12 +210,23 @@ def test_cert_manager_issues_the_certificate_and_injects_its_ca():
     assert of_kind(objects, "Issuer") == []
 
 
+def test_an_install_without_kuberays_namespace_is_refused_saying_what_to_set():
+    """The NetworkPolicy admits KubeRay's labels from its namespace only; an empty one admitted them from any."""
+    with pytest.raises(helm_python.HelmRenderError, match="kuberay.namespace: set it to the namespace KubeRay"):
+        render({"kuberay": {"namespace": ""}})
+
+
+def test_an_install_with_a_ray_without_token_authentication_is_refused():
+    with pytest.raises(helm_python.HelmRenderError, match="runtime.rayVersion must be 2.52.0 or later"):
+        render({"runtime": {"rayVersion": "2.51.1"}})
+
+
 def test_kuberays_operator_pods_are_told_to_the_operator_for_the_network_policies():
-    env = container_env(operator_container(render(CLUSTER)))
-    assert OperatorSettings.from_env(env).kuberay == KubeRayPeer()  # labels of KubeRay's chart, any namespace
+    env = container_env(operator_container(render(CLUSTER)))  # kuberay.namespace: kuberay-system (rendering.py)
+    assert OperatorSettings.from_env(env).kuberay == KubeRayPeer("kuberay-system")  # the labels of KubeRay's chart
     labels = {"app.kubernetes.io/name": "my-kuberay", "team": "ml"}
     env = container_env(operator_container(render({"kuberay": {"namespace": "ray-system", "operatorLabels": labels}})))
-    assert OperatorSettings.from_env(env).kuberay == KubeRayPeer(labels, "ray-system")
+    assert OperatorSettings.from_env(env).kuberay == KubeRayPeer("ray-system", labels)
     assert OperatorSettings.from_env(env).ray_version == "2.60.0"
 
 

@@ -12,12 +12,17 @@ from typing import Any
 
 import pytest
 
+from kuberl.operator.access import KubeRayPeer
 from kuberl.operator.decide import Decision, Observed, decide
 from kuberl.operator.settings import OperatorSettings
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 UID = "0d6f1c1e-0000-4000-8000-000000000001"
-SETTINGS = OperatorSettings(runtime_image="registry.test/kuberl-runtime:1.0")
+#: Where the tests' KubeRay runs (the operator requires its namespace: KUBERL_KUBERAY_NAMESPACE).
+KUBERAY = KubeRayPeer(namespace="kuberay-system")
+#: The environment variables the operator requires (OperatorSettings.from_env).
+REQUIRED_ENV = {"KUBERL_KUBERAY_NAMESPACE": "kuberay-system"}
+SETTINGS = OperatorSettings(runtime_image="registry.test/kuberl-runtime:1.0", kuberay=KUBERAY)
 
 
 def at(seconds: float) -> datetime:

@@ -23,7 +23,7 @@ from kuberl.operator.access import (
 )
 from kuberl.operator.builders import METRICS_PORT, Owner, build_rayjob
 from tests.conftest import REPO
-from tests.unit.operator.conftest import UID, base_spec, make_rljob
+from tests.unit.operator.conftest import KUBERAY, UID, base_spec, make_rljob
 from tests.unit.operator.pod_security import violations
 
 OWNER = Owner(name="tiny-grpo", namespace="team-a", uid=UID)
@@ -136,7 +136,7 @@ def test_ray_token_authentication_is_on_with_the_jobs_own_secret():
     assert cluster["authOptions"] == {"mode": "token", "secretName": "tiny-grpo-ray-token"}
     assert cluster["rayVersion"] == "2.60.0"  # KubeRay refuses authOptions without a rayVersion of 2.52+
     assert rayjob["spec"]["submissionMode"] == "HTTPMode"  # no submitter pod: KubeRay's operator submits
-    (secret,) = [child for child in build_access(OWNER, KubeRayPeer()) if child["kind"] == "Secret"]
+    (secret,) = [child for child in build_access(OWNER, KUBERAY) if child["kind"] == "Secret"]
     assert secret["metadata"]["name"] == "tiny-grpo-ray-token"
     assert "data" not in secret and "stringData" not in secret  # the token is made when it is created
     assert "Secret" in CREATE_ONLY  # and never overwritten
@@ -157,8 +157,16 @@ def test_the_network_policy_admits_the_jobs_own_pods_kuberay_on_the_dashboard_an
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}},
         }
     ]
-    anywhere = build_network_policy(OWNER, KubeRayPeer())["spec"]["ingress"][1]["from"][0]
-    assert anywhere["namespaceSelector"] == {}  # KubeRay's namespace unknown: its pods in any namespace
+
+
+def test_kuberays_namespace_is_required_so_its_labels_are_admitted_from_there_only():
+    """A pod labelled as KubeRay's operator in any other namespace (anyone who may create a pod can label it so)
+    is not admitted to the dashboard: the policy always selects KubeRay's namespace by its name."""
+    with pytest.raises(ValueError, match="KubeRay's namespace must be given"):
+        KubeRayPeer(namespace="")
+    (_, kuberay, _) = build_network_policy(OWNER, KUBERAY)["spec"]["ingress"]
+    (peer,) = kuberay["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kuberay-system"}}
 
 
 def test_every_ray_pod_carries_the_label_the_network_policy_selects():
@@ -167,6 +175,6 @@ def test_every_ray_pod_carries_the_label_the_network_policy_selects():
 
 
 def test_every_access_object_is_owned_by_the_rljob():
-    for child in build_access(OWNER, KubeRayPeer()):
+    for child in build_access(OWNER, KUBERAY):
         assert child["metadata"]["ownerReferences"][0]["uid"] == UID, child["kind"]
         assert child["metadata"]["labels"][names.JOB_LABEL] == "tiny-grpo"

@@ -128,10 +128,3 @@ def test_a_reward_pool_reading_a_reward_file_needs_the_volume_too():
         resources={"head": {"podTemplate": models_template("ray-head")}, "reward": {"replicas": 2}},
     )
     assert problems["spec.reward.function"].startswith("/models/rewards/grade.py is read on the reward pods")
-
-
-def test_a_pod_template_that_replaces_the_containers_leaves_nothing_mounted_rather_than_failing_the_review():
-    problems = unreachable(
-        models={"actor": {"path": "/models/qwen"}}, resources={"head": {"podTemplate": {"spec": {"containers": []}}}}
-    )
-    assert problems["spec.models.actor.path"].startswith("/models/qwen is read on the head, actor pods")

@@ -192,6 +192,23 @@ def test_success_is_final_and_sets_the_completion_time(world: World):
     assert world.status["phase"] == "Succeeded"
 
 
+def test_a_rayjob_kuberay_refused_fails_the_job_with_kuberays_words_and_no_restart(world: World):
+    started(world)
+    why = (
+        "The RayJob spec is invalid: RAY_REDIS_ADDRESS is set which implicitly enables GCS fault tolerance, but "
+        "GcsFaultToleranceOptions is not set"
+    )  # KubeRay 1.6.2's words (utils/validation.go ValidateRayClusterSpec)
+    world.kuberay("tiny-grpo-0", "ValidationFailed", reason="ValidationFailed", message=why)
+    decision = world.step(at(5))
+    assert world.status["phase"] == "Failed" and world.status["restarts"] == 0
+    failed = world.condition("Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "KubeRayRefused")
+    assert f"KubeRay refused RayJob tiny-grpo-0 (ValidationFailed: {why})" in failed["message"]
+    assert any(event.type == "Warning" and event.reason == "KubeRayRefused" for event in decision.events)
+    world.step(at(500))
+    assert rayjob_names(world) == ["tiny-grpo-0"]  # no restart, ever
+
+
 # --- failures, backoff and restarts ---------------------------------------------------------------------
 
 
@@ -476,6 +493,17 @@ def test_an_invalid_spec_creates_nothing_and_says_why():
     created = world.condition("Created")
     assert (created["status"], created["reason"]) == ("False", "InvalidSpec")
     assert "spec.models.critic" in created["message"]
+
+
+def test_a_malformed_pod_template_past_the_webhook_is_an_invalid_spec_not_a_failing_pass():
+    world = World(rljob=make_rljob())
+    template = {"spec": {"containers": [{"name": {"a": 1}}]}}  # a container name that is a map
+    world.rljob["spec"]["resources"] = {"head": {"podTemplate": template}}
+    decision = world.step(at(0))  # raised TypeError (merging containers by name), on every retry
+    assert decision.apply == ()
+    created = world.condition("Created")
+    assert (created["status"], created["reason"]) == ("False", "InvalidSpec")
+    assert "spec.resources.head.podTemplate.spec.containers[0].name: expected a string" in created["message"]
 
 
 def test_an_invalid_edit_of_a_running_job_is_refused_and_the_job_keeps_running(world: World):

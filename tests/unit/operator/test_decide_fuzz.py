@@ -24,7 +24,10 @@ from kuberl.operator.decide import Observed, decide
 from tests.unit.operator.conftest import SETTINGS, UID, base_spec, make_rljob
 
 NAME = "fuzz"
-DEPLOYMENT_STATUSES = ["", "New", "Initializing", "Running", "Complete", "Failed", "Suspended", "Retrying", "Waiting"]
+DEPLOYMENT_STATUSES = [
+    *("", "New", "Initializing", "Running", "Complete", "Failed", "Suspended", "Retrying", "Waiting"),
+    "ValidationFailed",
+]
 JOB_STATUSES = ["", "PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"]
 
 

@@ -17,7 +17,7 @@ from kuberl.operator.leader import Leadership, LeaseElector, NotLeading, micro_t
 from kuberl.operator.reconcile import ReconcileQueue
 from kuberl.operator.settings import LeaderElection, OperatorSettings
 from kuberl.operator.status import OperatorStatus
-from tests.unit.operator.conftest import ManualClock
+from tests.unit.operator.conftest import REQUIRED_ENV, ManualClock
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 250000, tzinfo=UTC)
 STAMP = "2026-03-01T12:00:00.250000Z"
@@ -127,12 +127,13 @@ def test_a_fenced_kube_sends_no_write_but_still_reads():
 
 
 def test_leader_election_is_off_without_a_lease_namespace():
-    assert OperatorSettings.from_env({}).leader_election is None
+    assert OperatorSettings.from_env(REQUIRED_ENV).leader_election is None
 
 
 def test_leader_election_settings_come_from_the_environment():
     election = OperatorSettings.from_env(
         {
+            **REQUIRED_ENV,
             "KUBERL_LEASE_NAMESPACE": "kuberl-system",
             "KUBERL_LEASE_NAME": "kuberl",
             "KUBERL_LEASE_IDENTITY": "pod-a",
@@ -145,7 +146,7 @@ def test_leader_election_settings_come_from_the_environment():
 
 
 def test_each_replica_gets_its_own_identity_by_default():
-    env = {"KUBERL_LEASE_NAMESPACE": "kuberl-system"}
+    env = {**REQUIRED_ENV, "KUBERL_LEASE_NAMESPACE": "kuberl-system"}
     first, second = (OperatorSettings.from_env(env).leader_election for _ in range(2))
     assert first is not None and second is not None
     assert first.identity != second.identity
@@ -163,7 +164,7 @@ def test_each_replica_gets_its_own_identity_by_default():
 )
 def test_timing_that_would_let_two_replicas_lead_is_refused_naming_the_variable(env: dict[str, str], message: str):
     with pytest.raises(ValueError, match=message):
-        OperatorSettings.from_env({"KUBERL_LEASE_NAMESPACE": "kuberl-system", **env})
+        OperatorSettings.from_env({**REQUIRED_ENV, "KUBERL_LEASE_NAMESPACE": "kuberl-system", **env})
 
 
 # -- the queue of a replica that does not lead -------------------------------------------------------------

@@ -7,10 +7,10 @@ import yaml
 
 from kuberl.api import ManifestError, load_rljob_file, parse_rljob
 from kuberl.api.manifest import MAX_NAME_LENGTH
-from kuberl.operator.access import KubeRayPeer, build_access
+from kuberl.operator.access import build_access
 from kuberl.operator.builders import Owner, build_rayjob
 from kuberl.operator.names import configmap_name, next_rayjob_name, rayjob_index, rayjob_name
-from tests.unit.operator.conftest import make_rljob
+from tests.unit.operator.conftest import KUBERAY, make_rljob
 
 
 def test_rayjob_names_count_from_zero():
@@ -51,7 +51,7 @@ def test_the_longest_job_name_makes_names_kuberay_and_kubernetes_accept_at_a_six
     rayjob = build_rayjob(job, owner, 999_999, default_image="i:1", generation=1)
     made = rayjob["metadata"]["name"]
     assert len(made) <= MAX_RAYJOB_NAME_LENGTH and KUBERAY_RAYJOB_NAME.fullmatch(made), made
-    others = [configmap_name(name), *(o["metadata"]["name"] for o in build_access(owner, KubeRayPeer()))]
+    others = [configmap_name(name), *(o["metadata"]["name"] for o in build_access(owner, KUBERAY))]
     for other in others:  # ConfigMap, ServiceAccount, Role, RoleBinding, Secret, NetworkPolicy
         assert len(other) <= 63 and DNS_1123_LABEL.fullmatch(other), other
 

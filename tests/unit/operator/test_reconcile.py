@@ -1,6 +1,7 @@
 """The I/O pass and its queue, with a fake API server: the order of writes and the coalescing of triggers."""
 
 import asyncio
+import copy
 import json
 import threading
 from typing import Any
@@ -38,6 +39,7 @@ class FakeKube:
         self.exists: set[str] = (
             set()
         )  # collections where a create answers AlreadyExists  # path -> what the API server answers to an apply there
+        self.kuberay_crd_knows_auth = True  # False: a RayJob's rayClusterSpec.authOptions is pruned (KubeRay < 1.5.1)
 
     def get(self, path: str) -> dict[str, Any] | None:
         self.calls.append(("GET", path))
@@ -67,13 +69,18 @@ class FakeKube:
         self.calls.append(("DELETE", path))
         return self.objects.pop(path, None) is not None
 
-    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(("CREATE", path))
+    def create(self, path: str, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        self.calls.append(("DRY RUN" if dry_run else "CREATE", path))
         full = f"{path}/{body['metadata']['name']}" if "name" in body.get("metadata", {}) else path
         if full in self.refusals:
             raise self.refusals[full]
         if path in self.exists or full in self.objects:
             raise ApiError(409, "Conflict", '{"reason": "AlreadyExists"}')
+        if body.get("kind") == "RayJob" and not self.kuberay_crd_knows_auth:
+            body = copy.deepcopy(body)
+            del body["spec"]["rayClusterSpec"]["authOptions"]
+        if dry_run:
+            return body
         self.created.append(body)
         self.objects[full] = body
         return body
@@ -99,6 +106,7 @@ def test_the_status_naming_the_rayjob_is_written_before_anything_is_created():
         ("CREATE", names.object_path("NetworkPolicy", "team-a")),
         ("APPLY", names.configmap_path("team-a", "tiny-grpo-progress")),
         ("APPLY", names.configmap_path("team-a", "tiny-grpo-spec")),
+        ("DRY RUN", names.rayjob_path("team-a")),  # the RayJob as it would be stored keeps token authentication
         ("CREATE", names.rayjob_path("team-a")),
     ]
 
@@ -111,6 +119,18 @@ def test_the_ray_token_is_made_when_the_secret_is_created_fresh_each_time():
         (secret,) = [body for body in kube.created if body["kind"] == "Secret"]
         tokens.append(secret["stringData"]["auth_token"])
     assert tokens[0] != tokens[1] and min(len(token) for token in tokens) >= 43  # 32 random bytes, base64
+
+
+def test_only_the_ray_token_secret_gets_a_token_from_the_operator():
+    """With an elastic pool the job also gets `<job>-runtime-token`, which Kubernetes' token controller fills."""
+    kube = FakeKube()
+    assert kube.rljob is not None
+    kube.rljob["spec"]["resources"] = {"reward": {"replicas": 1, "minReplicas": 1, "maxReplicas": 3}}
+    reconciler(kube).run_pass("team-a", "tiny-grpo")
+    secrets = {body["metadata"]["name"]: body for body in kube.created if body["kind"] == "Secret"}
+    assert sorted(secrets) == ["tiny-grpo-ray-token", "tiny-grpo-runtime-token"]
+    assert "auth_token" in secrets["tiny-grpo-ray-token"]["stringData"]
+    assert "stringData" not in secrets["tiny-grpo-runtime-token"] and "data" not in secrets["tiny-grpo-runtime-token"]
 
 
 def test_objects_made_once_are_left_alone_when_they_exist():
@@ -271,6 +291,20 @@ def test_a_refused_rayjob_leaves_created_false_with_the_api_servers_message_and_
     with pytest.raises(ApplyFailed):  # refused again: the condition stands, no second event
         reconciler(kube).run_pass("team-a", "tiny-grpo")
     assert len([e for e in kube.created if e["kind"] == "Event"]) == 1
+
+
+def test_a_rayjob_that_would_lose_token_authentication_is_not_created_and_the_job_says_kuberay_is_too_old():
+    kube = FakeKube()
+    kube.kuberay_crd_knows_auth = False  # KubeRay 1.4's CRD: the API server drops authOptions
+    with pytest.raises(ApplyFailed):  # retried with a growing delay: a KubeRay upgrade lets it through
+        reconciler(kube).run_pass("team-a", "tiny-grpo")
+    assert ("CREATE", names.rayjob_path("team-a")) not in kube.calls
+    assert not [o for o in kube.created if o["kind"] == "RayJob"]
+    assert kube.rljob is not None
+    (created,) = [c for c in kube.rljob["status"]["conditions"] if c["type"] == "Created"]
+    assert (created["status"], created["reason"]) == ("False", "KubeRayTooOld")
+    assert created["message"].startswith("KubeRay too old for token auth")
+    assert [(e["type"], e["reason"]) for e in kube.created if e["kind"] == "Event"] == [("Warning", "KubeRayTooOld")]
 
 
 def test_an_unreachable_or_failing_api_server_is_transient_and_writes_no_condition():

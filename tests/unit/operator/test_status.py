@@ -16,7 +16,7 @@ from kuberl.operator.status import (
 from tests.unit.operator.conftest import at
 
 S, R, OK, F = RayJobState.STARTING, RayJobState.RUNNING, RayJobState.SUCCEEDED, RayJobState.FAILED
-Q = RayJobState.QUEUED
+Q, NO = RayJobState.QUEUED, RayJobState.REFUSED
 
 
 @pytest.mark.parametrize(
@@ -38,6 +38,7 @@ Q = RayJobState.QUEUED
         ("Failed", "", F),
         ("Failed", "RUNNING", F),
         ("Running", "FAILED", F),
+        ("ValidationFailed", "", NO),
     ],
 )
 def test_rayjob_state(deployment: str, job: str, state: RayJobState):
@@ -51,6 +52,7 @@ def test_rayjob_state(deployment: str, job: str, state: RayJobState):
         ("Running", "RUNNING", Q),  # Kueue preempts it; KubeRay has not reacted yet
         ("Complete", "SUCCEEDED", OK),  # finished before the suspension: finished it is
         ("Failed", "", F),
+        ("ValidationFailed", "", NO),  # KubeRay validates a suspended RayJob too
     ],
 )
 def test_a_suspended_rayjob_is_queued_unless_it_finished(deployment: str, job: str, state: RayJobState):

@@ -9,7 +9,7 @@ import pytest
 
 from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.webhook import admission_message, review, server
-from tests.unit.operator.conftest import base_spec, make_rljob
+from tests.unit.operator.conftest import KUBERAY, base_spec, make_rljob
 
 
 def on_a_claim(**changes: Any) -> dict[str, Any]:
@@ -39,6 +39,13 @@ def test_every_problem_is_in_the_message_with_its_path():
     assert "spec.resources.reward.minReplicas:" in message
     assert "spec.env[0].name:" in message
     assert message.startswith("invalid RLJob (2 problem(s))")
+
+
+def test_a_field_beside_the_spec_is_refused_not_ignored():
+    """The CRD keeps unknown fields (api/crd.py); a section indented one level too little lands beside the spec."""
+    job = make_rljob(on_a_claim()) | {"runPolicy": {"suspend": True}}
+    (problem,) = review(job).problems
+    assert (problem.path, problem.message.split(";")[0]) == ("runPolicy", "unknown field")
 
 
 def test_a_job_whose_checkpoints_would_stay_on_the_heads_disk_is_refused():
@@ -75,6 +82,8 @@ def test_the_status_is_not_the_webhooks_business():
 
 def test_the_webhook_is_served_only_with_a_certificate_from_files():
     with pytest.raises(ValueError, match="KUBERL_WEBHOOK_CERT and KUBERL_WEBHOOK_KEY"):
-        server(OperatorSettings(webhook_port=9443))
-    served = server(OperatorSettings(webhook_port=9443, webhook_cert="/tls/tls.crt", webhook_key="/tls/tls.key"))
+        server(OperatorSettings(webhook_port=9443, kuberay=KUBERAY))
+    served = server(
+        OperatorSettings(webhook_port=9443, webhook_cert="/tls/tls.crt", webhook_key="/tls/tls.key", kuberay=KUBERAY)
+    )
     assert (served.certfile, served.pkeyfile, served.port) == ("/tls/tls.crt", "/tls/tls.key", 9443)

@@ -41,4 +41,5 @@ def test_a_missing_training_file_is_reported_as_a_configuration_error_of_this_ra
     (request,) = api_server.requests
     report = json.loads(request["body"]["data"][REPORT_KEY])
     assert report["rayjob"] == "tiny-grpo-3"
-    assert report["configurationError"].startswith("data.train: ") and "nowhere.jsonl" in report["configurationError"]
+    error = report["configurationError"]
+    assert error.startswith("spec.data.train: ") and "nowhere.jsonl" in error

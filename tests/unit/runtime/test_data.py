@@ -88,7 +88,7 @@ def test_object_store_uris_are_read_with_fsspec(tmp_path: Path) -> None:
     memory.pipe("/bucket/prompts/part-1.jsonl", b'{"prompt": "second"}\n')
     memory.pipe("/bucket/prompts/part-0.jsonl", b'{"prompt": "first"}\n')
     try:
-        records = read_records("memory://bucket/prompts", "data.train", tmp_path)
+        records = read_records("memory://bucket/prompts", "spec.data.train", tmp_path)
         assert [r.data["prompt"] for r in records] == ["first", "second"]
         assert records[1].where == "part-1.jsonl line 1"
     finally:
@@ -103,7 +103,7 @@ def test_s3_without_s3fs_says_what_to_install(tmp_path: Path, tokenizer) -> None
         pytest.skip("s3fs is installed here")
     except ImportError:
         pass
-    with pytest.raises(DataError, match=r"data\.train: reading s3://bucket/train\.jsonl needs s3fs"):
+    with pytest.raises(DataError, match=r"spec\.data\.train: reading s3://bucket/train\.jsonl needs s3fs"):
         load(tmp_path, tokenizer, train="s3://bucket/train.jsonl")
 
 
@@ -111,44 +111,44 @@ def test_s3_without_s3fs_says_what_to_install(tmp_path: Path, tokenizer) -> None
 
 
 def test_missing_file_names_the_field_and_the_path(tmp_path: Path, tokenizer) -> None:
-    with pytest.raises(DataError, match=rf"^data\.train: {tmp_path}/nope\.jsonl does not exist"):
+    with pytest.raises(DataError, match=rf"^spec\.data\.train: {tmp_path}/nope\.jsonl does not exist"):
         load(tmp_path, tokenizer, train="nope.jsonl")
 
 
 def test_missing_validation_file_names_data_validation(tmp_path: Path, tokenizer) -> None:
     write_jsonl(tmp_path / "train.jsonl", counting(range(2)))
     spec = DataSpec(train="train.jsonl", validation="val.jsonl")
-    with pytest.raises(DataError, match=r"^data\.validation: .*val\.jsonl does not exist"):
+    with pytest.raises(DataError, match=r"^spec\.data\.validation: .*val\.jsonl does not exist"):
         PromptDataset.load(spec, tokenizer, tmp_path, split="validation")
 
 
 def test_unset_validation_split_is_an_error(tmp_path: Path, tokenizer) -> None:
-    with pytest.raises(DataError, match=r"data\.validation is not set"):
+    with pytest.raises(DataError, match=r"spec\.data\.validation is not set"):
         PromptDataset.load(DataSpec(train="train.jsonl"), tokenizer, tmp_path, split="validation")
 
 
 def test_empty_file_is_an_error(tmp_path: Path, tokenizer) -> None:
     (tmp_path / "train.jsonl").write_text("\n")
-    with pytest.raises(DataError, match=r"data\.train: train\.jsonl holds no records"):
+    with pytest.raises(DataError, match=r"spec\.data\.train: train\.jsonl holds no records"):
         load(tmp_path, tokenizer)
 
 
 def test_directory_without_data_files_is_an_error(tmp_path: Path, tokenizer) -> None:
     (tmp_path / "prompts").mkdir()
     (tmp_path / "prompts" / "notes.txt").write_text("x")
-    with pytest.raises(DataError, match=r"data\.train: directory .*prompts has no \.jsonl or \.parquet files"):
+    with pytest.raises(DataError, match=r"spec\.data\.train: directory .*prompts has no \.jsonl or \.parquet files"):
         load(tmp_path, tokenizer, train="prompts")
 
 
 def test_unsupported_file_type_is_an_error(tmp_path: Path, tokenizer) -> None:
     (tmp_path / "train.csv").write_text("prompt\nhi\n")
-    with pytest.raises(DataError, match=r"data\.train: train\.csv is neither \.jsonl nor \.parquet"):
+    with pytest.raises(DataError, match=r"spec\.data\.train: train\.csv is neither \.jsonl nor \.parquet"):
         load(tmp_path, tokenizer, train="train.csv")
 
 
 def test_bad_json_line_names_the_file_and_line(tmp_path: Path, tokenizer) -> None:
     (tmp_path / "train.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": oops}\n')
-    with pytest.raises(DataError, match=r"^data\.train: train\.jsonl line 3 is not valid JSON"):
+    with pytest.raises(DataError, match=r"^spec\.data\.train: train\.jsonl line 3 is not valid JSON"):
         load(tmp_path, tokenizer)
 
 
@@ -164,7 +164,7 @@ def test_record_without_the_prompt_field_names_the_record_field_and_its_keys(tmp
         load(tmp_path, tokenizer)
     message = str(raised.value)
     assert "record 0 (train.jsonl line 1)" in message
-    assert "'prompt' (data.promptField)" in message
+    assert "'prompt' (spec.data.promptField)" in message
     assert "its fields are: answer, question" in message
 
 
@@ -203,7 +203,7 @@ def test_a_string_prompt_with_the_chat_template_becomes_a_user_message(tmp_path:
 
 def test_chat_messages_without_chat_template_say_to_turn_it_on(tmp_path: Path, tokenizer) -> None:
     write_jsonl(tmp_path / "train.jsonl", [{"prompt": MESSAGES}])
-    with pytest.raises(DataError, match=r"record 0 .*set data\.chatTemplate: true"):
+    with pytest.raises(DataError, match=r"record 0 .*set spec\.data\.chatTemplate: true"):
         load(tmp_path, tokenizer)
 
 
@@ -217,7 +217,7 @@ def test_chat_template_on_a_tokenizer_without_one_is_an_error(tmp_path: Path) ->
     bare = build_tiny_tokenizer()
     bare.chat_template = None
     write_jsonl(tmp_path / "train.jsonl", [{"prompt": "hi"}])
-    with pytest.raises(DataError, match=r"tokenizer has no chat template; set data\.chatTemplate: false"):
+    with pytest.raises(DataError, match=r"tokenizer has no chat template; set spec\.data\.chatTemplate: false"):
         load(tmp_path, bare, chat_template=True)
 
 
@@ -230,7 +230,7 @@ LONG = "count: 1 2 3 4 5 6 7 8 9"  # "count", ":", " 1" .. " 9": 11 tokens
 def test_overlong_prompt_is_an_error_naming_record_tokens_and_limit(tmp_path: Path, tokenizer) -> None:
     assert len(tokenizer(LONG)["input_ids"]) == 11
     write_jsonl(tmp_path / "train.jsonl", [{"prompt": "count: 1"}, {"prompt": LONG}, {"prompt": LONG}])
-    message = r"record 1 \(train\.jsonl line 2\) has 11 prompt tokens, over data\.maxPromptLength 4 \(1 more"
+    message = r"record 1 \(train\.jsonl line 2\) has 11 prompt tokens, over spec\.data\.maxPromptLength 4 \(1 more"
     with pytest.raises(DataError, match=message):
         load(tmp_path, tokenizer, max_prompt_length=4)
 
@@ -274,7 +274,7 @@ def test_total_steps_defaults_to_epochs_times_steps_per_epoch() -> None:
 
 
 def test_fewer_prompts_than_the_batch_size_is_an_error() -> None:
-    with pytest.raises(DataError, match=r"^5 prompts, fewer than data\.batchSize 8"):
+    with pytest.raises(DataError, match=r"^5 prompts, fewer than spec\.data\.batchSize 8"):
         loader(5, 8)
 
 

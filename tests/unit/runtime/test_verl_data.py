@@ -68,7 +68,7 @@ def test_a_list_of_files_is_read_in_the_order_given(tmp_path: Path, tokenizer) -
 def test_a_missing_file_in_a_list_names_its_position(tmp_path: Path, tokenizer) -> None:
     write_parquet(tmp_path / "a.parquet", [verl_row(0, "a", "1")])
     spec = DataSpec(train="a.parquet", validation=["a.parquet", "gone.parquet"], chat_template=True)
-    with pytest.raises(DataError, match=r"^data\.validation\[1\]: .*gone\.parquet does not exist"):
+    with pytest.raises(DataError, match=r"^spec\.data\.validation\[1\]: .*gone\.parquet does not exist"):
         PromptDataset.load(spec, tokenizer, tmp_path, split="validation")
 
 
@@ -80,16 +80,16 @@ def test_drop_leaves_over_long_prompts_out_and_counts_them(tmp_path: Path, token
         dataset = PromptDataset.load(spec, tokenizer, tmp_path)
     assert [p.record["extra_info"]["index"] for p in dataset] == [1, 2, 4, 5, 7, 8]
     assert dataset.dropped_overlong == 3 and [p.index for p in dataset] == list(range(6))
-    assert "data.train: dropped 3 of 9 prompts over data.maxPromptLength 20" in caplog.text
+    assert "spec.data.train: dropped 3 of 9 prompts over spec.data.maxPromptLength 20" in caplog.text
     # without drop the same file stops the job at start
-    with pytest.raises(DataError, match="over data.maxPromptLength 20"):
+    with pytest.raises(DataError, match="over spec.data.maxPromptLength 20"):
         PromptDataset.load(spec.model_copy(update={"overlong_prompt": "error"}), tokenizer, tmp_path)
 
 
 def test_drop_that_leaves_nothing_is_an_error(tmp_path: Path, tokenizer) -> None:
     name = write_parquet(tmp_path / "train.parquet", [verl_row(0, "count " * 30, "1")])
     spec = DataSpec(train=name, chat_template=True, max_prompt_length=5, overlong_prompt="drop")
-    with pytest.raises(DataError, match="all 1 prompts are over data.maxPromptLength 5"):
+    with pytest.raises(DataError, match=r"^spec\.data\.train: all 1 prompts are over spec\.data\.maxPromptLength 5"):
         PromptDataset.load(spec, tokenizer, tmp_path)
 
 
