@@ -5,8 +5,11 @@ job's RayJobs, its spec ConfigMap and the runtime's report, and returns a `Decis
 the children to apply, the RayJobs to delete, the Events to post and when to look again. It
 reads no clock and does no I/O, so every rule is a table test (tests/unit/operator/).
 
-The pass is an explicit state machine, as in KubeRay: the first of these steps that applies
-decides it.
+The pass is an explicit state machine, as in KubeRay. `_facts` reads what was observed into frozen
+`Facts` (the stored status, the spec that runs, its RayJobs, the runtime's report, ...), once; `_rule`,
+the switch, picks the first of these rules whose case holds, and the rule fills the pass's `Outcome` (the
+new status, the children to apply, the RayJobs to delete, Events, when to look again). Every pass then
+adds the deadline's next look, SpecChangeRefused, UnknownFields and the TTL's pass.
 
 1. finished     Succeeded/Failed are final; only ttlSecondsAfterFinished acts (deletes the RLJob).
 2. invalid      no valid spec to run (the webhook was bypassed): Pending, Created=False/InvalidSpec.
@@ -38,14 +41,15 @@ refused with SpecChangeRefused when not; the refused spec never reaches the Conf
 server dropped from the applied manifest (typos) are reported as UnknownFields=True (pruned.py).
 """
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from kuberl.api import ManifestError, RLJob, parse_rljob
-from kuberl.api.enums import TERMINAL_PHASES, ConditionReason, ConditionType, Phase
+from kuberl.api.enums import TERMINAL_PHASES, ConditionReason, ConditionStatus, ConditionType, Phase
 from kuberl.api.spec import RunPolicy
-from kuberl.api.status import RuntimeReport
+from kuberl.api.status import RLJobStatus, RuntimeReport
 from kuberl.operator import names
 from kuberl.operator.access import build_access, build_progress_configmap
 from kuberl.operator.builders import Owner, build_configmap, build_rayjob, configmap_spec, spec_manifest
@@ -53,16 +57,19 @@ from kuberl.operator.pruned import pruned_fields
 from kuberl.operator.settings import OperatorSettings
 from kuberl.operator.specdiff import runtime_spec_changed, unsafe_changes
 from kuberl.operator.status import (
-    OperatorStatus,
     RayJobState,
     find_condition,
     flipped,
-    format_time,
     is_true,
-    parse_time,
     rayjob_message,
     rayjob_state,
     read_report,
+    read_status,
+    status_manifest,
+    to_the_second,
+    with_condition,
+    with_report,
+    without_running,
 )
 
 #: The longest wait before a restart, however many restarts came before (runPolicy.backoffSeconds' own maximum).
@@ -80,12 +87,13 @@ KUBERAY_MISSING = (
     "rayclusters.ray.io) in this cluster, then the operator creates the job's RayJob on its next pass"
 )
 #: Condition flips that deserve a Warning event rather than a Normal one.
+TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 WARNINGS = {
-    (ConditionType.FAILED.value, "True"),
-    (ConditionType.SPEC_CHANGE_REFUSED.value, "True"),
-    (ConditionType.RESTARTING.value, "True"),
-    (ConditionType.CREATED.value, "False"),
-    (ConditionType.UNKNOWN_FIELDS.value, "True"),
+    (ConditionType.FAILED, TRUE),
+    (ConditionType.SPEC_CHANGE_REFUSED, TRUE),
+    (ConditionType.RESTARTING, TRUE),
+    (ConditionType.CREATED, FALSE),
+    (ConditionType.UNKNOWN_FIELDS, TRUE),
 }
 
 
@@ -115,7 +123,7 @@ class Event:
 
 @dataclass(frozen=True)
 class Decision:
-    status: OperatorStatus
+    status: RLJobStatus
     write_status: bool
     apply: tuple[dict[str, Any], ...] = ()  # in order: the ConfigMap before the RayJob that mounts it
     delete_rayjobs: tuple[str, ...] = ()
@@ -160,116 +168,78 @@ def _run_policy(raw: dict[str, Any], parsed: RLJob | None) -> RunPolicy:
         return parsed.spec.run_policy if parsed is not None else RunPolicy()
 
 
-@dataclass
-class _Pass:
-    """The working state of one decision (local to `decide`; nothing escapes but the Decision)."""
+@dataclass(frozen=True)
+class Facts:
+    """What one pass observed and parsed, computed once (`_facts`): the rules read it and change nothing in it."""
 
     now: datetime
     settings: OperatorSettings
     owner: Owner
     generation: int
-    before: OperatorStatus
-    status: OperatorStatus
+    before: RLJobStatus  # the status as stored; the outcome starts from a copy of it
     policy: RunPolicy
     run_spec: dict[str, Any] | None  # the raw spec a RayJob created now would run
     run_job: RLJob | None
     refusal: tuple[ConditionReason, str] | None  # why the desired spec is not the one that runs
     safe_change: bool  # the desired spec differs from the running one and may replace it
     current: dict[str, Any] | None  # the RayJob named in status, when it exists and is ours
-    mine: list[dict[str, Any]]
-    foreign: set[str]  # names held by RayJobs of another owner (a deleted RLJob of the same name)
+    mine: tuple[dict[str, Any], ...]  # the job's RayJobs
+    foreign: frozenset[str]  # names held by RayJobs of another owner (a deleted RLJob of the same name)
     has_configmap: bool
     has_progress: bool
     report: RuntimeReport | None  # the runtime's, validated (read_report)
-    foreign_configmaps: list[str]
+    foreign_configmaps: tuple[str, ...]
     kuberay_missing: bool
+    pruned: tuple[str, ...]  # what the API server dropped from the applied manifest (pruned.py)
+
+    @property
+    def finished(self) -> bool:
+        return self.before.phase in TERMINAL_PHASES
+
+    @property
+    def nothing_to_run(self) -> bool:
+        """No valid spec and no RayJob named: the job never started (the webhook was bypassed)."""
+        return self.run_job is None and self.before.ray_job_name is None
+
+    @property
+    def queue(self) -> str | None:
+        """The Kueue queue the RayJob waits in (spec.queueName)."""
+        return self.run_job.spec.queue_name if self.run_job is not None else None
+
+
+@dataclass
+class Outcome:
+    """What one pass decides, the only state the rules change: the new status, the children to apply (in order),
+    the RayJobs to delete, Events beside the conditions' own, when to look again, whether the job ends now
+    (terminal) and whether the RLJob goes (its TTL)."""
+
+    status: RLJobStatus
+    stamp: datetime  # this pass's moment to the second: a condition that flips, startTime and completionTime get it
     apply: list[dict[str, Any]] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue: list[float] = field(default_factory=list)
-    delete_rljob: bool = False
     terminal: bool = False
-
-    def now_text(self) -> str:
-        return format_time(self.now)
+    delete_rljob: bool = False
 
     def condition(self, kind: ConditionType, status: bool, reason: ConditionReason, message: str) -> None:
-        self.status = self.status.with_condition(kind, status, reason, message, self.now)
+        self.status = with_condition(self.status, kind, status, reason, message, self.stamp)
 
     def not_running(self, reason: ConditionReason, message: str) -> None:
-        self.status = self.status.without_running(reason, message, self.now)
+        self.status = without_running(self.status, reason, message, self.stamp)
 
-    def delete_all_but(self, keep: str | None) -> None:
-        self.deletes += [rj["metadata"]["name"] for rj in self.mine if rj["metadata"]["name"] != keep]
-
-    def apply_children(self, index: int) -> None:
-        assert self.run_spec is not None and self.run_job is not None
-        autoscaled = self.run_job.spec.resources.autoscaled
-        self.apply.extend(build_access(self.owner, self.settings.kuberay, autoscaled=autoscaled))
-        self.apply.append(build_configmap(self.owner, self.run_spec, self.generation))
-        self.apply.append(
-            build_rayjob(
-                self.run_job,
-                self.owner,
-                index,
-                default_image=self.settings.runtime_image,
-                generation=self.generation,
-                head_cpu=self.settings.head_cpu,
-                head_memory=self.settings.head_memory,
-                ray_version=self.settings.ray_version,
-            )
-        )
-
-    def new_rayjob(self, *, count_restart: bool, reason: ConditionReason, message: str) -> bool:
-        """Name the next RayJob in status and create it, deleting every older one; False while the name is taken."""
-        name = names.next_rayjob_name(self.owner.name, self.before.ray_job_name)
-        if name in self.foreign:
-            self.requeue.append(FOREIGN_NAME_RETRY_SECONDS)
-            return False
-        queue = self.run_job.spec.queue_name if self.run_job is not None else None
-        self.status = replace(
-            self.status,
-            phase=Phase.QUEUED if queue else Phase.STARTING,
-            ray_job_name=name,
-            dashboard_url=None,
-            restarts=self.before.restarts + (1 if count_restart else 0),
-            start_time=self.before.start_time or self.now_text(),
-            completion_time=None,
-        )
-        self.not_running(reason, message)
-        if queue:
-            waiting = f"RayJob {name} waits in Kueue queue {queue} for admission"
-            self.condition(ConditionType.QUEUED, True, ConditionReason.WAITING_FOR_ADMISSION, waiting)
-        self.create_when_alone(name)
-        return True
-
-    def create_when_alone(self, name: str) -> None:
-        """Delete every other RayJob of the job, and create RayJob `name` only once they are all gone.
-
-        RayJobs are deleted in the foreground (kube.py), so an old one exists until its Ray cluster and
-        pods are gone: while it does, its runtime may still be writing a checkpoint, and a second runtime
-        on the same checkpoint location would adopt or remove that half-written save."""
-        self.delete_all_but(name)
-        previous = [rj["metadata"]["name"] for rj in self.mine if rj["metadata"]["name"] != name]
-        if previous:
-            message = (
-                f"RayJob {name} is created once RayJob {', '.join(previous)} and its pods are gone "
-                "(two runtimes never share the checkpoint location)"
-            )
-            self.not_running(ConditionReason.WAITING_FOR_PREVIOUS_RAYJOB, message)
-            self.requeue.append(PREVIOUS_RAYJOB_RETRY_SECONDS)
-            return
-        self.apply_children(names.rayjob_index(self.owner.name, name) or 0)
+    def finish(self, phase: Phase) -> None:
+        """The job ends now: Succeeded or Failed, completionTime set (a finished job is never changed again)."""
+        self.status.phase, self.status.completion_time = phase, self.stamp
+        self.terminal = True
 
 
-def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pass:
+def _facts(observed: Observed, now: datetime, settings: OperatorSettings) -> Facts:
     rljob = observed.rljob
-    meta = rljob["metadata"]
     owner = Owner.of(rljob)
-    before = OperatorStatus.from_status(rljob.get("status"))
     desired_spec = rljob.get("spec") or {}
     desired, problems = _parse(owner.name, owner.namespace, desired_spec)
-    foreign_configmaps = observed.foreign_configmaps()
+    foreign_configmaps = tuple(observed.foreign_configmaps())
     configmap = (
         None
         if observed.configmap is None or observed.configmap["metadata"]["name"] in foreign_configmaps
@@ -295,213 +265,282 @@ def _start(observed: Observed, now: datetime, settings: OperatorSettings) -> _Pa
         else:
             safe_change = True
 
-    mine = [rj for rj in observed.rayjobs if owned_by(rj, owner.uid)]
-    current = next((rj for rj in mine if rj["metadata"]["name"] == before.ray_job_name), None)
-    source = desired or running
-    status = replace(before, observed_generation=meta.get("generation"))
-    report = read_report(progress)
-    if report is not None:
-        status = status.with_report(report)
-    return _Pass(
+    before = read_status(rljob.get("status"))
+    mine = tuple(rj for rj in observed.rayjobs if owned_by(rj, owner.uid))
+    return Facts(
         now=now,
         settings=settings,
         owner=owner,
-        generation=int(meta.get("generation") or 0),
+        generation=int(rljob["metadata"].get("generation") or 0),
         before=before,
-        status=status,
-        policy=_run_policy(desired_spec, source),
+        policy=_run_policy(desired_spec, desired or running),
         run_spec=run_spec,
         run_job=run_job,
         refusal=refusal,
         safe_change=safe_change,
-        current=current,
+        current=next((rj for rj in mine if rj["metadata"]["name"] == before.ray_job_name), None),
         mine=mine,
-        foreign={rj["metadata"]["name"] for rj in observed.rayjobs if not owned_by(rj, owner.uid)},
+        foreign=frozenset(rj["metadata"]["name"] for rj in observed.rayjobs if not owned_by(rj, owner.uid)),
         has_configmap=configmap is not None,
         has_progress=progress is not None,
-        report=report,
+        report=read_report(progress),
         foreign_configmaps=foreign_configmaps,
         kuberay_missing=observed.kuberay_missing,
+        pruned=tuple(pruned_fields(rljob)),
     )
 
 
-def _finished(p: _Pass) -> bool:
-    if p.before.phase not in TERMINAL_PHASES:
+def _outcome(f: Facts) -> Outcome:
+    """Where the pass starts: the stored status with the generation observed now and the runtime's report."""
+    status = f.before.model_copy()
+    status.observed_generation = f.generation
+    if f.report is not None:
+        status = with_report(status, f.report)
+    return Outcome(status=status, stamp=to_the_second(f.now))
+
+
+# -- what each pass does with its facts: helpers of the rules ------------------------------------------------------
+def _delete_all_but(f: Facts, out: Outcome, keep: str | None) -> None:
+    out.deletes += [rj["metadata"]["name"] for rj in f.mine if rj["metadata"]["name"] != keep]
+
+
+def _apply_children(f: Facts, out: Outcome, index: int) -> None:
+    assert f.run_spec is not None and f.run_job is not None
+    autoscaled = f.run_job.spec.resources.autoscaled
+    out.apply.extend(build_access(f.owner, f.settings.kuberay, autoscaled=autoscaled))
+    out.apply.append(build_configmap(f.owner, f.run_spec, f.generation))
+    out.apply.append(
+        build_rayjob(
+            f.run_job,
+            f.owner,
+            index,
+            default_image=f.settings.runtime_image,
+            generation=f.generation,
+            head_cpu=f.settings.head_cpu,
+            head_memory=f.settings.head_memory,
+            ray_version=f.settings.ray_version,
+        )
+    )
+
+
+def _new_rayjob(f: Facts, out: Outcome, *, count_restart: bool, reason: ConditionReason, message: str) -> bool:
+    """Name the next RayJob in status and create it, deleting every older one; False while the name is taken."""
+    name = names.next_rayjob_name(f.owner.name, f.before.ray_job_name)
+    if name in f.foreign:
+        out.requeue.append(FOREIGN_NAME_RETRY_SECONDS)
         return False
-    p.terminal = True
-    failed = find_condition(p.before.conditions, ConditionType.FAILED)
-    deadline = failed is not None and failed.get("reason") == ConditionReason.DEADLINE_EXCEEDED.value
-    p.delete_all_but(None if deadline else p.before.ray_job_name)
-    ttl, completed = p.policy.ttl_seconds_after_finished, parse_time(p.before.completion_time)
-    if ttl is not None and completed is not None:
-        due = later(completed, ttl)
-        if p.now >= due:
-            p.delete_rljob = True
-        else:
-            p.requeue.append((due - p.now).total_seconds())
+    status = out.status
+    status.phase = Phase.QUEUED if f.queue else Phase.STARTING
+    status.ray_job_name, status.dashboard_url = name, None
+    status.restarts = f.before.restarts + (1 if count_restart else 0)
+    status.start_time, status.completion_time = f.before.start_time or out.stamp, None
+    out.not_running(reason, message)
+    if f.queue:
+        waiting = f"RayJob {name} waits in Kueue queue {f.queue} for admission"
+        out.condition(ConditionType.QUEUED, True, ConditionReason.WAITING_FOR_ADMISSION, waiting)
+    _create_when_alone(f, out, name)
     return True
 
 
-def _invalid(p: _Pass) -> bool:
-    if p.run_job is not None or p.before.ray_job_name is not None:
-        return False
-    assert p.refusal is not None
-    p.status = replace(p.status, phase=Phase.PENDING)
-    p.condition(ConditionType.CREATED, False, ConditionReason.INVALID_SPEC, p.refusal[1])
-    p.refusal = None  # reported by Created=False; nothing runs that it could be refused against
-    return True
+def _create_when_alone(f: Facts, out: Outcome, name: str) -> None:
+    """Delete every other RayJob of the job, and create RayJob `name` only once they are all gone.
+
+    RayJobs are deleted in the foreground (kube.py), so an old one exists until its Ray cluster and
+    pods are gone: while it does, its runtime may still be writing a checkpoint, and a second runtime
+    on the same checkpoint location would adopt or remove that half-written save."""
+    _delete_all_but(f, out, name)
+    previous = [rj["metadata"]["name"] for rj in f.mine if rj["metadata"]["name"] != name]
+    if previous:
+        message = (
+            f"RayJob {name} is created once RayJob {', '.join(previous)} and its pods are gone "
+            "(two runtimes never share the checkpoint location)"
+        )
+        out.not_running(ConditionReason.WAITING_FOR_PREVIOUS_RAYJOB, message)
+        out.requeue.append(PREVIOUS_RAYJOB_RETRY_SECONDS)
+        return
+    _apply_children(f, out, names.rayjob_index(f.owner.name, name) or 0)
 
 
-def _suspended_seconds(p: _Pass) -> int:
+def _suspended_seconds(f: Facts) -> int:
     """Time spent suspended: the resumed suspensions, plus the one ending now (Suspended=True since it began)."""
-    total = p.before.suspended_seconds
-    suspended = find_condition(p.before.conditions, ConditionType.SUSPENDED)
-    started = p.before.start_time is not None  # the deadline counts from the start: earlier pauses do not matter
-    if started and p.before.phase == Phase.SUSPENDED and suspended is not None and suspended.get("status") == "True":
-        since = parse_time(suspended.get("lastTransitionTime"))
-        total += max(0, int((p.now - since).total_seconds())) if since is not None else 0
+    total = f.before.suspended_seconds
+    suspended = find_condition(f.before.conditions, ConditionType.SUSPENDED)
+    started = f.before.start_time is not None  # the deadline counts from the start: earlier pauses do not matter
+    if started and f.before.phase == Phase.SUSPENDED and suspended is not None and suspended.status == TRUE:
+        total += max(0, int((f.now - suspended.last_transition_time).total_seconds()))
     return total
 
 
-def _deadline(p: _Pass) -> bool:
-    limit, started = p.policy.active_deadline_seconds, parse_time(p.before.start_time)
-    if limit is None or started is None or p.policy.suspend:
-        return False
-    due = later(started, limit + _suspended_seconds(p))  # suspended time does not count
-    if p.now < due:
-        p.requeue.append((due - p.now).total_seconds())
-        return False
-    message = f"the job ran longer than runPolicy.activeDeadlineSeconds ({limit} s); its RayJobs are deleted"
-    p.status = replace(p.status, phase=Phase.FAILED, completion_time=p.now_text(), dashboard_url=None)
-    p.condition(ConditionType.FAILED, True, ConditionReason.DEADLINE_EXCEEDED, message)
-    p.not_running(ConditionReason.DEADLINE_EXCEEDED, message)
-    p.delete_all_but(None)
-    p.terminal = True
-    return True
+def _deadline(f: Facts) -> datetime | None:
+    """When runPolicy.activeDeadlineSeconds ends the job, suspended time not counted: None without a deadline,
+    before the job started, while it is to be suspended, and for a job that finished or never started."""
+    limit, started = f.policy.active_deadline_seconds, f.before.start_time
+    if limit is None or started is None or f.policy.suspend or f.finished or f.nothing_to_run:
+        return None
+    return later(started, limit + _suspended_seconds(f))
 
 
-def _suspend(p: _Pass) -> bool:
-    if not p.policy.suspend:
-        return False
+# -- the state machine ------------------------------------------------------------------------------------------
+Rule = Callable[[Facts, Outcome], None]
+
+
+def _rule(f: Facts) -> Rule:
+    """Which rule decides the pass: the first whose case holds, in the order of the module docstring."""
+    deadline = _deadline(f)
+    if f.finished:
+        return _finished
+    if f.nothing_to_run:
+        return _invalid
+    if deadline is not None and f.now >= deadline:
+        return _deadline_exceeded
+    if f.policy.suspend:
+        return _suspend
+    if f.kuberay_missing:
+        return _kuberay_missing
+    if f.foreign_configmaps:
+        return _name_taken
+    if f.before.phase == Phase.SUSPENDED:
+        return _resume
+    if f.before.ray_job_name is None:
+        return _first_start
+    if f.current is None:
+        return _missing
+    return _follow
+
+
+def _finished(f: Facts, out: Outcome) -> None:
+    out.terminal = True
+    failed = find_condition(f.before.conditions, ConditionType.FAILED)
+    deadline = failed is not None and failed.reason == ConditionReason.DEADLINE_EXCEEDED
+    _delete_all_but(f, out, None if deadline else f.before.ray_job_name)
+    ttl, completed = f.policy.ttl_seconds_after_finished, f.before.completion_time
+    if ttl is not None and completed is not None:
+        due = later(completed, ttl)
+        if f.now >= due:
+            out.delete_rljob = True
+        else:
+            out.requeue.append((due - f.now).total_seconds())
+
+
+def _invalid(f: Facts, out: Outcome) -> None:
+    assert f.refusal is not None  # no valid spec: the refusal says why
+    out.status.phase = Phase.PENDING
+    out.condition(ConditionType.CREATED, False, ConditionReason.INVALID_SPEC, f.refusal[1])
+
+
+def _deadline_exceeded(f: Facts, out: Outcome) -> None:
+    message = (
+        f"the job ran longer than runPolicy.activeDeadlineSeconds ({f.policy.active_deadline_seconds} s); "
+        "its RayJobs are deleted"
+    )
+    out.finish(Phase.FAILED)
+    out.status.dashboard_url = None
+    out.condition(ConditionType.FAILED, True, ConditionReason.DEADLINE_EXCEEDED, message)
+    out.not_running(ConditionReason.DEADLINE_EXCEEDED, message)
+    _delete_all_but(f, out, None)
+
+
+def _suspend(f: Facts, out: Outcome) -> None:
     message = "runPolicy.suspend is true: the Ray cluster is removed, checkpoints are kept"
-    p.status = replace(p.status, phase=Phase.SUSPENDED, dashboard_url=None)
-    p.condition(ConditionType.SUSPENDED, True, ConditionReason.SUSPENDED_BY_USER, message)
-    p.not_running(ConditionReason.SUSPENDED_BY_USER, message)
-    if is_true(p.status.conditions, ConditionType.QUEUED):
-        p.condition(ConditionType.QUEUED, False, ConditionReason.SUSPENDED_BY_USER, message)
-    p.delete_all_but(None)
-    return True
+    out.status.phase, out.status.dashboard_url = Phase.SUSPENDED, None
+    out.condition(ConditionType.SUSPENDED, True, ConditionReason.SUSPENDED_BY_USER, message)
+    out.not_running(ConditionReason.SUSPENDED_BY_USER, message)
+    if is_true(out.status.conditions, ConditionType.QUEUED):
+        out.condition(ConditionType.QUEUED, False, ConditionReason.SUSPENDED_BY_USER, message)
+    _delete_all_but(f, out, None)
 
 
-def _kuberay_missing(p: _Pass) -> bool:
-    if not p.kuberay_missing:
-        return False
-    p.condition(ConditionType.CREATED, False, ConditionReason.KUBERAY_MISSING, KUBERAY_MISSING)
-    p.requeue.append(KUBERAY_RETRY_SECONDS)
-    return True
+def _kuberay_missing(f: Facts, out: Outcome) -> None:
+    out.condition(ConditionType.CREATED, False, ConditionReason.KUBERAY_MISSING, KUBERAY_MISSING)
+    out.requeue.append(KUBERAY_RETRY_SECONDS)
 
 
-def _name_taken(p: _Pass) -> bool:
-    if not p.foreign_configmaps:
-        return False
-    message = "; ".join(name_taken("ConfigMap", name) for name in p.foreign_configmaps)
-    p.condition(ConditionType.CREATED, False, ConditionReason.NAME_TAKEN, message)
-    p.requeue.append(NAME_TAKEN_RETRY_SECONDS)
-    return True
+def _name_taken(f: Facts, out: Outcome) -> None:
+    message = "; ".join(name_taken("ConfigMap", name) for name in f.foreign_configmaps)
+    out.condition(ConditionType.CREATED, False, ConditionReason.NAME_TAKEN, message)
+    out.requeue.append(NAME_TAKEN_RETRY_SECONDS)
 
 
-def _resume(p: _Pass) -> bool:
-    if p.before.phase != Phase.SUSPENDED:
-        return False
-    if p.run_job is None:
-        return True
-    name = names.next_rayjob_name(p.owner.name, p.before.ray_job_name)
+def _resume(f: Facts, out: Outcome) -> None:
+    if f.run_job is None:
+        return
+    name = names.next_rayjob_name(f.owner.name, f.before.ray_job_name)
     message = f"runPolicy.suspend is false: RayJob {name} resumes from the latest checkpoint"
-    if p.new_rayjob(count_restart=False, reason=ConditionReason.RESUMED_BY_USER, message=message):
-        p.status = replace(p.status, suspended_seconds=_suspended_seconds(p))
-        p.condition(ConditionType.SUSPENDED, False, ConditionReason.RESUMED_BY_USER, message)
-    return True
+    if _new_rayjob(f, out, count_restart=False, reason=ConditionReason.RESUMED_BY_USER, message=message):
+        out.status.suspended_seconds = _suspended_seconds(f)
+        out.condition(ConditionType.SUSPENDED, False, ConditionReason.RESUMED_BY_USER, message)
 
 
-def _first_start(p: _Pass) -> bool:
-    if p.before.ray_job_name is not None:
-        return False
-    if p.run_job is not None:
-        p.new_rayjob(count_restart=False, reason=ConditionReason.RAYJOB_CREATED, message="")
-    return True
+def _first_start(f: Facts, out: Outcome) -> None:
+    if f.run_job is not None:
+        _new_rayjob(f, out, count_restart=False, reason=ConditionReason.RAYJOB_CREATED, message="")
 
 
-def _missing(p: _Pass) -> bool:
-    if p.current is not None:
-        return False
-    name = p.before.ray_job_name
+def _missing(f: Facts, out: Outcome) -> None:
+    name = f.before.ray_job_name
     assert name is not None
-    if p.run_job is None:
-        return True
-    if name in p.foreign:
-        p.requeue.append(FOREIGN_NAME_RETRY_SECONDS)
-        return True
-    queued = p.run_job.spec.queue_name is not None  # created suspended again: back in the queue
-    p.status = replace(p.status, phase=Phase.QUEUED if queued else Phase.STARTING, dashboard_url=None)
-    p.create_when_alone(name)
-    return True
+    if f.run_job is None:
+        return
+    if name in f.foreign:
+        out.requeue.append(FOREIGN_NAME_RETRY_SECONDS)
+        return
+    # created suspended again when queued: back in the queue
+    out.status.phase, out.status.dashboard_url = Phase.QUEUED if f.queue else Phase.STARTING, None
+    _create_when_alone(f, out, name)
 
 
-def _follow(p: _Pass) -> bool:
-    rayjob = p.current
+def _follow(f: Facts, out: Outcome) -> None:
+    """The RayJob named in status exists: its state decides (KubeRay's states folded by status.py rayjob_state)."""
+    rayjob = f.current
     assert rayjob is not None
     name = rayjob["metadata"]["name"]
     state = rayjob_state(rayjob)
-    p.delete_all_but(name)
-    if not p.has_configmap and p.run_spec is not None:
-        p.apply.append(build_configmap(p.owner, p.run_spec, p.generation))
-    if not p.has_progress:
-        p.apply.append(build_progress_configmap(p.owner))
-    if state in (RayJobState.STARTING, RayJobState.RUNNING) and p.safe_change:
-        following = names.next_rayjob_name(p.owner.name, name)
-        message = f"spec generation {p.generation} changed: {following} continues from the latest checkpoint"
-        if p.new_rayjob(count_restart=False, reason=ConditionReason.SPEC_CHANGED, message=message):
-            p.events.append(Event("Normal", ConditionReason.SPEC_CHANGED.value, message))
-        return True
-    if not is_true(p.status.conditions, ConditionType.CREATED):  # only once the RayJob is seen to exist
-        p.condition(ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, f"created RayJob {name}")
-    dashboard = (rayjob.get("status") or {}).get("dashboardURL") or None
-    p.status = replace(p.status, dashboard_url=dashboard)
+    _delete_all_but(f, out, name)
+    if not f.has_configmap and f.run_spec is not None:
+        out.apply.append(build_configmap(f.owner, f.run_spec, f.generation))
+    if not f.has_progress:
+        out.apply.append(build_progress_configmap(f.owner))
+    if state in (RayJobState.STARTING, RayJobState.RUNNING) and f.safe_change:
+        following = names.next_rayjob_name(f.owner.name, name)
+        message = f"spec generation {f.generation} changed: {following} continues from the latest checkpoint"
+        if _new_rayjob(f, out, count_restart=False, reason=ConditionReason.SPEC_CHANGED, message=message):
+            out.events.append(Event("Normal", ConditionReason.SPEC_CHANGED.value, message))
+        return
+    if not is_true(out.status.conditions, ConditionType.CREATED):  # only once the RayJob is seen to exist
+        out.condition(ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, f"created RayJob {name}")
+    out.status.dashboard_url = (rayjob.get("status") or {}).get("dashboardURL") or None
     if state == RayJobState.QUEUED:
-        _queued(p, name)
-        return True
-    if is_true(p.status.conditions, ConditionType.QUEUED):
-        message = f"Kueue admitted RayJob {name} (queue {p.run_job.spec.queue_name if p.run_job else '?'})"
-        p.condition(ConditionType.QUEUED, False, ConditionReason.ADMITTED, message)
+        _queued(f, out, name)
+        return
+    if is_true(out.status.conditions, ConditionType.QUEUED):
+        message = f"Kueue admitted RayJob {name} (queue {f.queue if f.run_job is not None else '?'})"
+        out.condition(ConditionType.QUEUED, False, ConditionReason.ADMITTED, message)
     if state == RayJobState.STARTING:
-        p.status = replace(p.status, phase=Phase.STARTING)
+        out.status.phase = Phase.STARTING
     elif state == RayJobState.RUNNING:
-        p.status = replace(p.status, phase=Phase.RUNNING)
-        p.condition(ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, f"RayJob {name} is running")
+        out.status.phase = Phase.RUNNING
+        out.condition(ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, f"RayJob {name} is running")
     elif state == RayJobState.SUCCEEDED:
         message = f"RayJob {name} succeeded"
-        p.status = replace(p.status, phase=Phase.SUCCEEDED, completion_time=p.now_text())
-        p.condition(ConditionType.SUCCEEDED, True, ConditionReason.RAYJOB_SUCCEEDED, message)
-        p.not_running(ConditionReason.RAYJOB_SUCCEEDED, message)
-        p.terminal = True
+        out.finish(Phase.SUCCEEDED)
+        out.condition(ConditionType.SUCCEEDED, True, ConditionReason.RAYJOB_SUCCEEDED, message)
+        out.not_running(ConditionReason.RAYJOB_SUCCEEDED, message)
     elif state == RayJobState.REFUSED:
-        _refused(p, name, rayjob)
+        _refused(out, name, rayjob)
     else:
-        _failed(p, name, rayjob)
-    return True
+        _failed(f, out, name, rayjob)
 
 
-def _queued(p: _Pass, name: str) -> None:
+def _queued(f: Facts, out: Outcome, name: str) -> None:
     """Kueue holds the RayJob: it has not admitted it yet, or suspended it again (a preemption).
 
     The reason stays what it was when the hold began: Preempted when the RayJob was running then.
     """
-    queue = p.run_job.spec.queue_name if p.run_job is not None else None
-    where = f"Kueue queue {queue}" if queue else "Kueue"
-    held = find_condition(p.status.conditions, ConditionType.QUEUED)
-    if is_true(p.status.conditions, ConditionType.RUNNING):
+    where = f"Kueue queue {f.queue}" if f.queue else "Kueue"
+    held = find_condition(out.status.conditions, ConditionType.QUEUED)
+    if is_true(out.status.conditions, ConditionType.RUNNING):
         reason = ConditionReason.PREEMPTED
-    elif held is not None and held.get("status") == "True" and held.get("reason") == ConditionReason.PREEMPTED:
+    elif held is not None and held.status == TRUE and held.reason == ConditionReason.PREEMPTED:
         reason = ConditionReason.PREEMPTED
     else:
         reason = ConditionReason.WAITING_FOR_ADMISSION
@@ -509,12 +548,12 @@ def _queued(p: _Pass, name: str) -> None:
         message = f"{where} suspended RayJob {name}; it resumes from the latest checkpoint when admitted again"
     else:
         message = f"RayJob {name} waits in {where} for admission"
-    p.status = replace(p.status, phase=Phase.QUEUED, dashboard_url=None)
-    p.condition(ConditionType.QUEUED, True, reason, message)
-    p.not_running(reason, message)
+    out.status.phase, out.status.dashboard_url = Phase.QUEUED, None
+    out.condition(ConditionType.QUEUED, True, reason, message)
+    out.not_running(reason, message)
 
 
-def _refused(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
+def _refused(out: Outcome, name: str, rayjob: dict[str, Any]) -> None:
     """KubeRay's own validation refused the RayJob (ValidationFailed): Failed with KubeRay's words, no restart.
 
     A restart builds the same RayJob from the same spec, which KubeRay would refuse the same way. The rules of
@@ -522,75 +561,91 @@ def _refused(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
     KubeRay's), so the job says why instead of Starting forever."""
     detail = rayjob_message(rayjob) or "no reason given"
     message = f"KubeRay refused RayJob {name} ({detail}); fix the spec and create the job again"
-    p.status = replace(p.status, phase=Phase.FAILED, completion_time=p.now_text(), dashboard_url=None)
-    p.condition(ConditionType.FAILED, True, ConditionReason.KUBERAY_REFUSED, message)
-    p.not_running(ConditionReason.KUBERAY_REFUSED, message)
-    p.terminal = True
+    out.finish(Phase.FAILED)
+    out.status.dashboard_url = None
+    out.condition(ConditionType.FAILED, True, ConditionReason.KUBERAY_REFUSED, message)
+    out.not_running(ConditionReason.KUBERAY_REFUSED, message)
 
 
-def _failed(p: _Pass, name: str, rayjob: dict[str, Any]) -> None:
+def _failed(f: Facts, out: Outcome, name: str, rayjob: dict[str, Any]) -> None:
     detail = rayjob_message(rayjob)
     failure = f"RayJob {name} failed" + (f" ({detail})" if detail else "")
-    if p.report is not None and p.report.rayjob == name and p.report.configuration_error:
+    if f.report is not None and f.report.rayjob == name and f.report.configuration_error:
         # Its own run said the job cannot run as specified: a restart would fail the same way. (The job's
         # pods can end their own job this way, as they could by failing every restart; no other job's.)
-        message = f"RayJob {name} cannot run as specified: {p.report.configuration_error}"
-        p.status = replace(p.status, phase=Phase.FAILED, completion_time=p.now_text())
-        p.condition(ConditionType.FAILED, True, ConditionReason.INVALID_CONFIGURATION, message)
-        p.not_running(ConditionReason.RAYJOB_FAILED, failure)
-        p.terminal = True
+        message = f"RayJob {name} cannot run as specified: {f.report.configuration_error}"
+        out.finish(Phase.FAILED)
+        out.condition(ConditionType.FAILED, True, ConditionReason.INVALID_CONFIGURATION, message)
+        out.not_running(ConditionReason.RAYJOB_FAILED, failure)
         return
-    restarts, limit = p.before.restarts, p.policy.max_restarts
+    restarts, limit = f.before.restarts, f.policy.max_restarts
     if restarts >= limit:
         message = f"{failure}; all {limit} restart(s) of runPolicy.maxRestarts are used up"
-        p.status = replace(p.status, phase=Phase.FAILED, completion_time=p.now_text())
-        p.condition(ConditionType.FAILED, True, ConditionReason.MAX_RESTARTS_EXCEEDED, message)
-        p.not_running(ConditionReason.RAYJOB_FAILED, failure)
-        p.terminal = True
+        out.finish(Phase.FAILED)
+        out.condition(ConditionType.FAILED, True, ConditionReason.MAX_RESTARTS_EXCEEDED, message)
+        out.not_running(ConditionReason.RAYJOB_FAILED, failure)
         return
-    delay = backoff_seconds(p.policy.backoff_seconds, restarts)
-    waiting = find_condition(p.status.conditions, ConditionType.RESTARTING)
-    since = parse_time(waiting.get("lastTransitionTime")) if waiting and waiting.get("status") == "True" else None
-    due = later(since or p.now, delay)
-    if p.now >= due:
-        following = names.next_rayjob_name(p.owner.name, name)
+    delay = backoff_seconds(f.policy.backoff_seconds, restarts)
+    waiting = find_condition(out.status.conditions, ConditionType.RESTARTING)
+    since = waiting.last_transition_time if waiting is not None and waiting.status == TRUE else None
+    due = later(since or f.now, delay)
+    if f.now >= due:
+        following = names.next_rayjob_name(f.owner.name, name)
         message = f"{failure}; restart {restarts + 1} of {limit}: {following} resumes from the latest checkpoint"
-        if p.new_rayjob(count_restart=True, reason=ConditionReason.RESTARTED_FROM_CHECKPOINT, message=message):
-            p.condition(ConditionType.RESTARTING, False, ConditionReason.RESTARTED_FROM_CHECKPOINT, message)
+        if _new_rayjob(f, out, count_restart=True, reason=ConditionReason.RESTARTED_FROM_CHECKPOINT, message=message):
+            out.condition(ConditionType.RESTARTING, False, ConditionReason.RESTARTED_FROM_CHECKPOINT, message)
         return
     message = f"{failure}; restart {restarts + 1} of {limit} after a backoff of {delay:g} s"
-    p.status = replace(p.status, phase=Phase.RESTARTING)
-    p.condition(ConditionType.RESTARTING, True, ConditionReason.BACKOFF, message)
-    p.not_running(ConditionReason.RAYJOB_FAILED, failure)
-    p.requeue.append((due - p.now).total_seconds())
+    out.status.phase = Phase.RESTARTING
+    out.condition(ConditionType.RESTARTING, True, ConditionReason.BACKOFF, message)
+    out.not_running(ConditionReason.RAYJOB_FAILED, failure)
+    out.requeue.append((due - f.now).total_seconds())
 
 
-STEPS = (
-    _finished,
-    _invalid,
-    _deadline,
-    _suspend,
-    _kuberay_missing,
-    _name_taken,
-    _resume,
-    _first_start,
-    _missing,
-    _follow,
-)
+# -- after the rule: what every pass adds ---------------------------------------------------------------------
+def _watch_deadline(f: Facts, out: Outcome) -> None:
+    """A job with an active deadline ahead gets a pass when it is due."""
+    deadline = _deadline(f)
+    if deadline is not None and f.now < deadline:
+        out.requeue.append((deadline - f.now).total_seconds())
 
 
-def _spec_refusal(p: _Pass) -> None:
-    if p.terminal:
+def _spec_refusal(f: Facts, out: Outcome) -> None:
+    """SpecChangeRefused=True while the desired spec is not the one that runs; False once it is again. A job that
+    never started has no running spec to refuse it against: Created=False says why (`_invalid`)."""
+    if out.terminal:
         return
-    if p.refusal is not None:
-        p.condition(ConditionType.SPEC_CHANGE_REFUSED, True, p.refusal[0], p.refusal[1])
-    elif is_true(p.status.conditions, ConditionType.SPEC_CHANGE_REFUSED):
-        p.condition(
+    refusal = None if f.nothing_to_run else f.refusal
+    if refusal is not None:
+        out.condition(ConditionType.SPEC_CHANGE_REFUSED, True, *refusal)
+    elif is_true(out.status.conditions, ConditionType.SPEC_CHANGE_REFUSED):
+        out.condition(
             ConditionType.SPEC_CHANGE_REFUSED,
             False,
             ConditionReason.SPEC_CHANGED,
-            f"the job runs spec generation {p.generation}",
+            f"the job runs spec generation {f.generation}",
         )
+
+
+def _unknown_fields(f: Facts, out: Outcome) -> None:
+    """UnknownFields=True naming what the API server dropped from the applied manifest; False once it is fixed."""
+    if f.pruned:
+        message = (
+            f"the API server dropped {', '.join(f.pruned)} from the applied manifest: not fields of an RLJob, so "
+            "the job runs without them (defaults instead). Fix the manifest; `kuberl validate` names each one"
+        )
+        out.condition(ConditionType.UNKNOWN_FIELDS, True, ConditionReason.FIELDS_PRUNED, message)
+    elif is_true(out.status.conditions, ConditionType.UNKNOWN_FIELDS):
+        message = "the applied manifest has no field the API server dropped"
+        out.condition(ConditionType.UNKNOWN_FIELDS, False, ConditionReason.NO_FIELDS_PRUNED, message)
+
+
+def _schedule_ttl(f: Facts, out: Outcome) -> None:
+    """The pass that finishes the job schedules the TTL's own pass: the status write it makes is the operator's own
+    and may bring no further event (completionTime counts in whole seconds, so `ttl` after now is never early)."""
+    ttl = f.policy.ttl_seconds_after_finished
+    if out.terminal and not f.finished and ttl is not None:
+        out.requeue.append(float(ttl))
 
 
 def name_taken(kind: str, name: str) -> str:
@@ -601,65 +656,45 @@ def name_taken(kind: str, name: str) -> str:
 
 
 def apply_failed(
-    status: OperatorStatus,
+    status: RLJobStatus,
     kind: str,
     name: str,
     message: str,
     now: datetime,
     reason: ConditionReason = ConditionReason.APPLY_FAILED,
-) -> OperatorStatus:
+) -> RLJobStatus:
     """The status after the API server refused to create or update a child: Created=False with its words; with
     another reason (KubeRayTooOld) the message is the operator's own."""
     detail = f"the API server refused {kind} {name}: {message}" if reason == ConditionReason.APPLY_FAILED else message
-    return status.with_condition(ConditionType.CREATED, False, reason, detail, now)
+    return with_condition(status, ConditionType.CREATED, False, reason, detail, now)
 
 
-def _unknown_fields(p: _Pass, rljob: dict[str, Any]) -> None:
-    """UnknownFields=True naming what the API server dropped from the applied manifest; False once it is fixed."""
-    dropped = pruned_fields(rljob)
-    if dropped:
-        message = (
-            f"the API server dropped {', '.join(dropped)} from the applied manifest: not fields of an RLJob, so "
-            "the job runs without them (defaults instead). Fix the manifest; `kuberl validate` names each one"
-        )
-        p.condition(ConditionType.UNKNOWN_FIELDS, True, ConditionReason.FIELDS_PRUNED, message)
-    elif is_true(p.status.conditions, ConditionType.UNKNOWN_FIELDS):
-        message = "the applied manifest has no field the API server dropped"
-        p.condition(ConditionType.UNKNOWN_FIELDS, False, ConditionReason.NO_FIELDS_PRUNED, message)
-
-
-def transition_events(before: OperatorStatus, after: OperatorStatus) -> list[Event]:
+def transition_events(before: RLJobStatus, after: RLJobStatus) -> list[Event]:
     events = []
     for condition in flipped(before.conditions, after.conditions):
-        if condition["type"] == ConditionType.RUNNING.value and condition["status"] == "False":
+        if condition.type == ConditionType.RUNNING and condition.status == FALSE:
             continue  # always beside another flip that says why
-        kind = "Warning" if (condition["type"], condition["status"]) in WARNINGS else "Normal"
-        message = condition.get("message") or f"{condition['type']} is {condition['status']}"
-        events.append(Event(kind, condition["reason"], message))
+        kind = "Warning" if (condition.type, condition.status) in WARNINGS else "Normal"
+        message = condition.message or f"{condition.type.value} is {condition.status.value}"
+        events.append(Event(kind, condition.reason.value, message))
     return events
 
 
 def decide(observed: Observed, now: datetime, settings: OperatorSettings) -> Decision:
-    """What to do about one RLJob now (see the module docstring for the steps)."""
-    p = _start(observed, now, settings)
-    for step in STEPS:
-        if step(p):
-            break
-    _spec_refusal(p)
-    _unknown_fields(p, observed.rljob)
-    ttl = p.policy.ttl_seconds_after_finished
-    if p.terminal and p.before.phase not in TERMINAL_PHASES and ttl is not None:
-        # the pass that finishes the job schedules the TTL's own pass: the status write it makes is
-        # the operator's own and may bring no further event (completionTime counts in whole seconds,
-        # so `ttl` after now is never early)
-        p.requeue.append(float(ttl))
-    events = transition_events(p.before, p.status) + p.events
+    """What to do about one RLJob now (see the module docstring for the rules)."""
+    f = _facts(observed, now, settings)
+    out = _outcome(f)
+    _rule(f)(f, out)
+    _watch_deadline(f, out)
+    _spec_refusal(f, out)
+    _unknown_fields(f, out)
+    _schedule_ttl(f, out)
     return Decision(
-        status=p.status,
-        write_status=p.status.to_status() != p.before.to_status(),
-        apply=tuple(p.apply),
-        delete_rayjobs=tuple(dict.fromkeys(p.deletes)),
-        delete_rljob=p.delete_rljob,
-        events=tuple(events),
-        requeue_after=max(0.0, min(p.requeue)) if p.requeue else None,
+        status=out.status,
+        write_status=status_manifest(out.status) != status_manifest(f.before),
+        apply=tuple(out.apply),
+        delete_rayjobs=tuple(dict.fromkeys(out.deletes)),
+        delete_rljob=out.delete_rljob,
+        events=tuple(transition_events(f.before, out.status) + out.events),
+        requeue_after=max(0.0, min(out.requeue)) if out.requeue else None,
     )

@@ -40,6 +40,7 @@ from typing import Any
 
 from kuberl.api import KIND
 from kuberl.api.enums import ConditionReason
+from kuberl.api.status import RLJobStatus
 from kuberl.operator import names
 from kuberl.operator.access import CREATE_ONLY, KUBERAY_TOO_OLD, is_ray_token_secret, token_auth_kept, with_new_token
 from kuberl.operator.builders import Owner, build_event
@@ -58,7 +59,7 @@ from kuberl.operator.kube import ApiError, Kube
 from kuberl.operator.leader import Leadership
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.settings import OperatorSettings
-from kuberl.operator.status import OperatorStatus, format_time
+from kuberl.operator.status import format_time, status_manifest
 
 logger = logging.getLogger("kuberl.operator")
 
@@ -110,7 +111,7 @@ class Reconciler:
         progress = self.kube.get(names.configmap_path(namespace, names.progress_configmap_name(name)))
         return Observed(rljob=rljob, rayjobs=tuple(rayjobs), configmap=configmap, progress=progress)
 
-    def write_status(self, rljob: dict[str, Any], status: OperatorStatus, resource_version: str) -> None:
+    def write_status(self, rljob: dict[str, Any], status: RLJobStatus, resource_version: str) -> None:
         """Apply the operator's status fields; a conflict (409) if the RLJob moved past `resource_version`."""
         meta = rljob["metadata"]
         namespace, name = meta["namespace"], meta["name"]
@@ -120,7 +121,7 @@ class Reconciler:
                 "apiVersion": names.RLJOB_API_VERSION,
                 "kind": KIND,
                 "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
-                "status": status.to_status(),
+                "status": status_manifest(status),
             },
         )
 

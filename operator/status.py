@@ -5,17 +5,26 @@ Suspending, Suspended, Retrying, Waiting, ValidationFailed) and `status.jobStatu
 SUCCEEDED, FAILED). `rayjob_state` folds them, and the RayJob's `spec.suspend` (which only Kueue
 moves: the operator sets it once, at creation, on a queued job), into the states the operator acts on. A
 condition's `lastTransitionTime` moves only when its status flips; reason and message may change
-without a flip. Times are RFC 3339 strings with second precision, as Kubernetes writes them.
+without a flip.
+
+The status the operator writes is api/status.py's `RLJobStatus` (the model the CRD's status schema is generated
+from): `read_status` reads it from the RLJob, `status_manifest` writes it, camelCase, with times in RFC 3339 to the
+second as Kubernetes writes them.
 """
 
 import re
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
-from kuberl.api.enums import ConditionReason, ConditionStatus, ConditionType, Phase
-from kuberl.api.status import REPORT_KEY, RuntimeReport
+from pydantic import ValidationError
+
+from kuberl.api.base import KuberlModel
+from kuberl.api.enums import ConditionReason, ConditionStatus, ConditionType
+from kuberl.api.status import REPORT_KEY, Condition, RLJobStatus, RuntimeReport
+
+ReportPart = TypeVar("ReportPart", bound=KuberlModel)
 
 
 class RayJobState(StrEnum):
@@ -74,17 +83,13 @@ def rayjob_message(rayjob: dict[str, Any]) -> str:
     return head + gap + tail
 
 
+def to_the_second(moment: datetime) -> datetime:
+    """`moment` as Kubernetes writes times: UTC, whole seconds (RFC 3339 `2025-01-01T12:00:00Z` on the wire)."""
+    return moment.astimezone(UTC).replace(microsecond=0)
+
+
 def format_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
-    except (ValueError, OverflowError):  # OverflowError: an offset that moves year 1 or 9999 out of range
-        return None
+    return to_the_second(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def read_report(configmap: dict[str, Any] | None) -> RuntimeReport | None:
@@ -104,136 +109,103 @@ def read_report(configmap: dict[str, Any] | None) -> RuntimeReport | None:
         return None
 
 
-Condition = dict[str, str]
+def find_condition(conditions: Sequence[Condition], kind: ConditionType) -> Condition | None:
+    return next((c for c in conditions if c.type == kind), None)
 
 
-def find_condition(conditions: tuple[Condition, ...], kind: ConditionType) -> Condition | None:
-    return next((c for c in conditions if c.get("type") == kind.value), None)
-
-
-def is_true(conditions: tuple[Condition, ...], kind: ConditionType) -> bool:
+def is_true(conditions: Sequence[Condition], kind: ConditionType) -> bool:
     found = find_condition(conditions, kind)
-    return found is not None and found.get("status") == ConditionStatus.TRUE.value
+    return found is not None and found.status == ConditionStatus.TRUE
 
 
 def set_condition(
-    conditions: tuple[Condition, ...],
+    conditions: Sequence[Condition],
     kind: ConditionType,
     status: bool,
     reason: ConditionReason,
     message: str,
     now: datetime,
-) -> tuple[Condition, ...]:
+) -> list[Condition]:
     """The conditions with `kind` set; its lastTransitionTime moves only when its status flips (or it is new)."""
-    value = ConditionStatus.TRUE.value if status else ConditionStatus.FALSE.value
+    value = ConditionStatus.TRUE if status else ConditionStatus.FALSE
     old = find_condition(conditions, kind)
-    moved = old is None or old.get("status") != value or not old.get("lastTransitionTime")
-    new = {
-        "type": kind.value,
-        "status": value,
-        "reason": reason.value,
-        "message": message,
-        "lastTransitionTime": format_time(now) if moved else old["lastTransitionTime"],  # type: ignore[index]
-    }
+    since = old.last_transition_time if old is not None and old.status == value else to_the_second(now)
+    new = Condition(type=kind, status=value, reason=reason, message=message, last_transition_time=since)
     if old is None:
-        return (*conditions, new)
-    return tuple(new if c is old else c for c in conditions)
+        return [*conditions, new]
+    return [new if c is old else c for c in conditions]
 
 
-def flipped(before: tuple[Condition, ...], after: tuple[Condition, ...]) -> list[Condition]:
+def flipped(before: Sequence[Condition], after: Sequence[Condition]) -> list[Condition]:
     """Conditions of `after` that are new or whose status differs from `before`."""
-    old = {c.get("type"): c.get("status") for c in before}
-    return [c for c in after if old.get(c["type"]) != c["status"]]
+    old = {c.type: c.status for c in before}
+    return [c for c in after if old.get(c.type) != c.status]
 
 
-def _phase(value: object) -> Phase:
+# -- the status the operator writes: api/status.py's RLJobStatus, read from and written to the RLJob -------------
+def read_status(stored: dict[str, Any] | None) -> RLJobStatus:
+    """The RLJob's status as stored. The API server holds it to the CRD's schema, which RLJobStatus generates, so it
+    validates; a field or condition that does not (an unknown phase: a status written by hand or by another
+    version) is read as unset, and the operator writes its own in its place."""
+    stored = stored or {}
+    valid: dict[str, Any] = {}
+    for name, field in RLJobStatus.model_fields.items():
+        key = field.alias or name
+        if key in stored and key != "conditions" and _valid({key: stored[key]}):
+            valid[key] = stored[key]
+    conditions = stored.get("conditions") or []
+    valid["conditions"] = [c for c in conditions if isinstance(c, dict) and _valid({"conditions": [c]})]
+    return RLJobStatus.model_validate(valid)
+
+
+def _valid(status: dict[str, Any]) -> bool:
     try:
-        return Phase(str(value))
-    except ValueError:
-        return Phase.PENDING
+        RLJobStatus.model_validate(status)
+    except ValidationError:
+        return False
+    return True
 
 
-@dataclass(frozen=True)
-class OperatorStatus:
-    """The operator-owned part of an RLJob's status, as written (camelCase on the wire)."""
+def status_manifest(status: RLJobStatus) -> dict[str, Any]:
+    """The status to apply, camelCase, times in RFC 3339. A field that is null is left out, so server-side apply
+    removes it where this field manager wrote it before; so is suspendedSeconds while it is 0; phase, conditions
+    and restarts are always there. What was read is written back as it was read: a default the stored status left
+    out (progress.epoch, a condition's message) stays out (pydantic's unset fields; `with_report` sets them)."""
+    wire = status.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
+    wire.setdefault("phase", status.phase.value)
+    wire.setdefault("conditions", [])
+    wire.setdefault("restarts", status.restarts)
+    if not status.suspended_seconds:
+        wire.pop("suspendedSeconds", None)
+    return wire
 
-    phase: Phase = Phase.PENDING
-    conditions: tuple[Condition, ...] = field(default_factory=tuple)
-    observed_generation: int | None = None
-    ray_job_name: str | None = None
-    dashboard_url: str | None = None
-    restarts: int = 0
-    start_time: str | None = None
-    completion_time: str | None = None
-    suspended_seconds: int = 0  # time spent suspended, added up at each resume
-    progress: dict[str, Any] | None = None  # from the runtime's report (validated: read_report)
-    metrics: dict[str, Any] | None = None
-    validation: dict[str, Any] | None = None
-    last_checkpoint: dict[str, Any] | None = None
-    exported_model: str | None = None
 
-    @classmethod
-    def from_status(cls, status: dict[str, Any] | None) -> "OperatorStatus":
-        status = status or {}
-        conditions = tuple(dict(c) for c in status.get("conditions") or () if isinstance(c, dict) and "type" in c)
-        return cls(
-            phase=_phase(status.get("phase", Phase.PENDING.value)),
-            conditions=conditions,
-            observed_generation=status.get("observedGeneration"),
-            ray_job_name=status.get("rayJobName"),
-            dashboard_url=status.get("dashboardUrl"),
-            restarts=int(status.get("restarts") or 0),
-            start_time=status.get("startTime"),
-            completion_time=status.get("completionTime"),
-            suspended_seconds=int(status.get("suspendedSeconds") or 0),
-            progress=status.get("progress"),
-            metrics=status.get("metrics"),
-            validation=status.get("validation"),
-            last_checkpoint=status.get("lastCheckpoint"),
-            exported_model=status.get("exportedModel"),
-        )
+def with_report(status: RLJobStatus, report: RuntimeReport) -> RLJobStatus:
+    """The runtime's progress, metrics, validation, last checkpoint and exported model, validated (read_report);
+    the rest stays the operator's. Each part is written as its model spells it out (progress.epoch: 0 too)."""
+    new = status.model_copy()
+    new.progress, new.metrics = _spelled_out(report.progress), _spelled_out(report.metrics)
+    if report.validation is not None:  # a report without one keeps the last scores
+        new.validation = _spelled_out(report.validation)
+    if report.last_checkpoint is not None:
+        new.last_checkpoint = _spelled_out(report.last_checkpoint)
+    new.exported_model = report.exported_model or status.exported_model
+    return new
 
-    def to_status(self) -> dict[str, Any]:
-        """The fields to apply; absent ones are left out, so server-side apply removes them if they were ours."""
-        full: dict[str, Any] = {
-            "phase": self.phase.value,
-            "conditions": [dict(c) for c in self.conditions],
-            "observedGeneration": self.observed_generation,
-            "rayJobName": self.ray_job_name,
-            "dashboardUrl": self.dashboard_url,
-            "restarts": self.restarts,
-            "startTime": self.start_time,
-            "completionTime": self.completion_time,
-            "suspendedSeconds": self.suspended_seconds or None,
-            "progress": self.progress,
-            "metrics": self.metrics,
-            "validation": self.validation,
-            "lastCheckpoint": self.last_checkpoint,
-            "exportedModel": self.exported_model,
-        }
-        return {key: value for key, value in full.items() if value is not None}
 
-    def with_report(self, report: RuntimeReport) -> "OperatorStatus":
-        """The runtime's progress, metrics, validation, last checkpoint and exported model, validated; the rest
-        stays the operator's."""
-        checkpoint = report.last_checkpoint.to_manifest() if report.last_checkpoint is not None else None
-        validation = report.validation.to_manifest() if report.validation is not None else None
-        return replace(
-            self,
-            progress=report.progress.to_manifest(),
-            metrics=report.metrics.to_manifest(),
-            validation=validation or self.validation,
-            last_checkpoint=checkpoint or self.last_checkpoint,
-            exported_model=report.exported_model or self.exported_model,
-        )
+def _spelled_out(part: ReportPart) -> ReportPart:
+    """`part` with every field that is not null set, its defaults included, so status_manifest writes them."""
+    return type(part).model_validate(part.to_manifest())
 
-    def with_condition(
-        self, kind: ConditionType, status: bool, reason: ConditionReason, message: str, now: datetime
-    ) -> "OperatorStatus":
-        return replace(self, conditions=set_condition(self.conditions, kind, status, reason, message, now))
 
-    def without_running(self, reason: ConditionReason, message: str, now: datetime) -> "OperatorStatus":
-        """Running turns False (when the condition exists at all)."""
-        if find_condition(self.conditions, ConditionType.RUNNING) is None:
-            return self
-        return self.with_condition(ConditionType.RUNNING, False, reason, message, now)
+def with_condition(
+    status: RLJobStatus, kind: ConditionType, value: bool, reason: ConditionReason, message: str, now: datetime
+) -> RLJobStatus:
+    return status.model_copy(update={"conditions": set_condition(status.conditions, kind, value, reason, message, now)})
+
+
+def without_running(status: RLJobStatus, reason: ConditionReason, message: str, now: datetime) -> RLJobStatus:
+    """Running turns False (when the condition exists at all)."""
+    if find_condition(status.conditions, ConditionType.RUNNING) is None:
+        return status
+    return with_condition(status, ConditionType.RUNNING, False, reason, message, now)

@@ -15,6 +15,7 @@ import pytest
 from kuberl.operator.access import KubeRayPeer
 from kuberl.operator.decide import Decision, Observed, decide
 from kuberl.operator.settings import OperatorSettings
+from kuberl.operator.status import status_manifest
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 UID = "0d6f1c1e-0000-4000-8000-000000000001"
@@ -95,7 +96,7 @@ class World:
         decision = decide(self.observed(), now, SETTINGS)
         self.history.append(decision)
         if decision.write_status:
-            self.rljob["status"] = decision.status.to_status()
+            self.rljob["status"] = status_manifest(decision.status)
         if crash_after_status:
             return decision
         for name in decision.delete_rayjobs:  # foreground: gone once its pods are

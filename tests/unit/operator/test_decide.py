@@ -11,6 +11,7 @@ import shlex
 import yaml
 
 from kuberl.api.enums import ConditionReason, ConditionType
+from kuberl.api.status import RLJobStatus
 from kuberl.operator.decide import (
     KUBERAY_RETRY_SECONDS,
     Event,
@@ -19,7 +20,7 @@ from kuberl.operator.decide import (
     decide,
     transition_events,
 )
-from kuberl.operator.status import OperatorStatus
+from kuberl.operator.status import status_manifest, with_condition
 from tests.unit.operator.conftest import SETTINGS, UID, World, at, base_spec, make_rljob
 
 
@@ -83,11 +84,11 @@ def test_created_turns_true_only_once_the_rayjob_is_seen_to_exist(world: World):
 
 
 def test_a_refused_child_is_a_created_false_condition_with_the_api_servers_words():
-    status = OperatorStatus().with_condition(
-        ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "created RayJob tiny-grpo-0", at(0)
+    status = with_condition(
+        RLJobStatus(), ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "created RayJob tiny-grpo-0", at(0)
     )
     failed = apply_failed(status, "RayJob", "tiny-grpo-1", "exceeded quota: gpus, requested: 8, limited: 4", at(5))
-    (created,) = failed.conditions
+    (created,) = status_manifest(failed)["conditions"]
     assert (created["status"], created["reason"]) == ("False", "ApplyFailed")
     assert (
         created["message"]

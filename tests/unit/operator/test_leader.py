@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from kubernetes.client import Configuration
 
+from kuberl.api.status import RLJobStatus
 from kuberl.operator.decide import Decision
 from kuberl.operator.kube import ApiUnreachable, Kube
 from kuberl.operator.leader import Leadership, LeaseElector, NotLeading, micro_time, next_lease_spec, released_spec
 from kuberl.operator.reconcile import ReconcileQueue
 from kuberl.operator.settings import LeaderElection, OperatorSettings
-from kuberl.operator.status import OperatorStatus
 from tests.unit.operator.conftest import REQUIRED_ENV, ManualClock
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 250000, tzinfo=UTC)
@@ -177,7 +177,7 @@ class CountingReconciler:
 
     def run_pass(self, namespace: str, name: str) -> Decision:
         self.passes.append((namespace, name))
-        return Decision(status=OperatorStatus(), write_status=False, requeue_after=self.requeue_after)
+        return Decision(status=RLJobStatus(), write_status=False, requeue_after=self.requeue_after)
 
 
 async def until(check: Any, timeout: float = 5.0) -> None:

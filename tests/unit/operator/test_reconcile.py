@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kuberl.api.status import RLJobStatus
 from kuberl.operator import names
 from kuberl.operator.decide import Decision
 from kuberl.operator.kube import ApiError
@@ -20,7 +21,6 @@ from kuberl.operator.reconcile import (
     Reconciler,
     retry_delay,
 )
-from kuberl.operator.status import OperatorStatus
 from tests.unit.operator.conftest import SETTINGS, at, make_rljob
 
 JOB = names.rljob_path("team-a", "tiny-grpo")
@@ -173,7 +173,7 @@ class BlockingReconciler:
     def run_pass(self, namespace: str, name: str) -> Decision:
         self.passes += 1
         self.release.wait(5)
-        return Decision(status=OperatorStatus(), write_status=False)
+        return Decision(status=RLJobStatus(), write_status=False)
 
 
 def test_triggers_during_a_pass_make_exactly_one_more_pass():
@@ -196,9 +196,7 @@ def test_a_decisions_requeue_after_schedules_the_next_pass():
     class Requeueing(BlockingReconciler):
         def run_pass(self, namespace: str, name: str) -> Decision:
             self.passes += 1
-            return Decision(
-                status=OperatorStatus(), write_status=False, requeue_after=0.05 if self.passes == 1 else None
-            )
+            return Decision(status=RLJobStatus(), write_status=False, requeue_after=0.05 if self.passes == 1 else None)
 
     requeueing = Requeueing()
     queue = ReconcileQueue(requeueing, workers=1)  # type: ignore[arg-type]
@@ -225,7 +223,7 @@ def test_a_failing_pass_is_retried_by_the_queue_with_growing_delays_and_never_ra
             self.passes += 1
             if self.passes <= 2:
                 raise ApiError(503, "Service Unavailable")
-            return Decision(status=OperatorStatus(), write_status=False)
+            return Decision(status=RLJobStatus(), write_status=False)
 
     failing = FailingTwice()
     queue = ReconcileQueue(failing, workers=1, resync_seconds=60)  # type: ignore[arg-type]

@@ -3,17 +3,26 @@
 import pytest
 
 from kuberl.api.enums import ConditionReason, ConditionType, Phase
+from kuberl.api.status import Condition, RLJobStatus
 from kuberl.operator.status import (
     RAYJOB_MESSAGE_LIMIT,
-    OperatorStatus,
     RayJobState,
     flipped,
     rayjob_message,
     rayjob_state,
     read_report,
+    read_status,
     set_condition,
+    status_manifest,
+    with_report,
 )
 from tests.unit.operator.conftest import at
+
+
+def wire(conditions: list[Condition]) -> list[dict]:
+    """The conditions as the status carries them to the API server."""
+    return status_manifest(RLJobStatus(conditions=conditions))["conditions"]
+
 
 S, R, OK, F = RayJobState.STARTING, RayJobState.RUNNING, RayJobState.SUCCEEDED, RayJobState.FAILED
 Q, NO = RayJobState.QUEUED, RayJobState.REFUSED
@@ -83,7 +92,7 @@ def test_a_long_rayjob_message_keeps_what_failed_and_the_error_at_the_end_of_the
 
 
 def test_a_new_condition_takes_the_current_time():
-    (condition,) = set_condition((), ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, "up", at(0))
+    (condition,) = wire(set_condition((), ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, "up", at(0)))
     assert condition == {
         "type": "Running",
         "status": "True",
@@ -95,14 +104,14 @@ def test_a_new_condition_takes_the_current_time():
 
 def test_last_transition_time_stays_when_only_reason_or_message_change():
     first = set_condition((), ConditionType.RESTARTING, True, ConditionReason.BACKOFF, "a", at(0))
-    later = set_condition(first, ConditionType.RESTARTING, True, ConditionReason.BACKOFF, "b", at(60))
+    later = wire(set_condition(first, ConditionType.RESTARTING, True, ConditionReason.BACKOFF, "b", at(60)))
     assert later[0]["lastTransitionTime"] == "2025-01-01T12:00:00Z"
     assert later[0]["message"] == "b"
 
 
 def test_last_transition_time_moves_when_the_status_flips():
     first = set_condition((), ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, "", at(0))
-    later = set_condition(first, ConditionType.RUNNING, False, ConditionReason.RAYJOB_FAILED, "", at(60))
+    later = wire(set_condition(first, ConditionType.RUNNING, False, ConditionReason.RAYJOB_FAILED, "", at(60)))
     assert later[0]["lastTransitionTime"] == "2025-01-01T12:01:00Z"
 
 
@@ -110,27 +119,27 @@ def test_setting_one_condition_keeps_the_others_and_their_order():
     conditions = set_condition((), ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "", at(0))
     conditions = set_condition(conditions, ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, "", at(1))
     conditions = set_condition(conditions, ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "x", at(2))
-    assert [c["type"] for c in conditions] == ["Created", "Running"]
+    assert [c["type"] for c in wire(conditions)] == ["Created", "Running"]
 
 
 def test_flipped_lists_new_conditions_and_status_changes_only():
     before = set_condition((), ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "", at(0))
     after = set_condition(before, ConditionType.CREATED, True, ConditionReason.RAYJOB_CREATED, "new text", at(1))
     after = set_condition(after, ConditionType.RUNNING, True, ConditionReason.RAYJOB_RUNNING, "", at(1))
-    assert [c["type"] for c in flipped(before, after)] == ["Running"]
+    assert [c["type"] for c in wire(flipped(before, after))] == ["Running"]
 
 
 def test_operator_status_round_trips_and_leaves_out_what_is_unset():
-    status = OperatorStatus(phase=Phase.RUNNING, ray_job_name="j-0", restarts=1, observed_generation=2)
-    wire = status.to_status()
-    assert wire == {"phase": "Running", "conditions": [], "observedGeneration": 2, "rayJobName": "j-0", "restarts": 1}
-    assert OperatorStatus.from_status(wire) == status
+    status = RLJobStatus(phase=Phase.RUNNING, ray_job_name="j-0", restarts=1, observed_generation=2)
+    stored = status_manifest(status)
+    assert stored == {"phase": "Running", "conditions": [], "observedGeneration": 2, "rayJobName": "j-0", "restarts": 1}
+    assert read_status(stored) == status
 
 
 def test_operator_status_reads_an_unknown_phase_as_pending():
-    status = OperatorStatus.from_status({"phase": "Exploded", "progress": {"step": 3}})
+    status = read_status({"phase": "Exploded", "progress": {"step": 3}})
     assert status.phase == Phase.PENDING
-    assert status.to_status()["progress"] == {"step": 3}  # the operator writes it too, from the runtime's report
+    assert status_manifest(status)["progress"] == {"step": 3}  # the operator writes it too, from the runtime's report
 
 
 def test_a_report_that_is_missing_not_json_or_invalid_is_no_report():
@@ -143,9 +152,7 @@ def test_a_report_that_is_missing_not_json_or_invalid_is_no_report():
 
 def test_the_exported_model_the_runtime_reports_reaches_the_status_and_stays() -> None:
     report = read_report({"data": {"report.json": '{"exportedModel": "s3://bucket/jobs/grpo/model"}'}})
-    status = OperatorStatus(phase=Phase.RUNNING).with_report(report)
-    assert status.to_status()["exportedModel"] == "s3://bucket/jobs/grpo/model"
+    status = with_report(RLJobStatus(phase=Phase.RUNNING), report)
+    assert status_manifest(status)["exportedModel"] == "s3://bucket/jobs/grpo/model"
     later = read_report({"data": {"report.json": '{"progress": {"step": 2}}'}})  # a restarted run's first report
-    assert OperatorStatus.from_status(status.to_status()).with_report(later).exported_model == (
-        "s3://bucket/jobs/grpo/model"
-    )
+    assert with_report(read_status(status_manifest(status)), later).exported_model == ("s3://bucket/jobs/grpo/model")
