@@ -53,6 +53,18 @@ METRICS_PORT_ENV = "KUBERL_METRICS_PORT"
 #: Where the runtime resolves and builds models (default ~/.cache/kuberl); the images may set it.
 CACHE_ENV = "KUBERL_CACHE"
 
+# -- ports --------------------------------------------------------------------------------------------------
+#: The Ray head's ports: KubeRay's defaults, spelled out on the head container (ray-operator/controllers/ray/utils/
+#: constant.go at v1.6.2: DefaultGcsServerPort, DefaultDashboardPort, DefaultClientPort). The dashboard's port is
+#: also Ray's Jobs API, where KubeRay's operator submits the entrypoint and reads its status (operator/access.py
+#: lets it in there).
+RAY_GCS_PORT = 6379
+RAY_DASHBOARD_PORT = 8265
+RAY_CLIENT_PORT = 10001
+#: Where the driver on the head serves the runtime's Prometheus metrics (/metrics): the operator opens it on the
+#: head and hands it to the runtime as METRICS_PORT_ENV (runtime/report/telemetry.py reads that).
+METRICS_PORT = 9464
+
 #: Where a pod's ServiceAccount token, CA and namespace are mounted (Kubernetes' own place): the runtime's status
 #: publisher reads its token there on the head, and KubeRay's autoscaler reads its own there in its container.
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

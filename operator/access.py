@@ -35,13 +35,12 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from kuberl.api import contract
 from kuberl.operator import names
-from kuberl.operator.builders import METRICS_PORT, Owner, child_metadata
+from kuberl.operator.builders import Owner, child_metadata
 
 #: The Secret key KubeRay reads the Ray token from (its RAY_AUTH_TOKEN_SECRET_KEY).
 RAY_TOKEN_KEY = "auth_token"
-#: The Ray dashboard / Jobs API port, where KubeRay's operator submits the job and reads its status.
-DASHBOARD_PORT = 8265
 #: What the job says when the API server drops `authOptions` from its RayJob (reconcile.py checks a dry run).
 KUBERAY_TOO_OLD = (
     "KubeRay too old for token auth: the API server drops rayClusterSpec.authOptions from the RayJob (KubeRay's "
@@ -189,8 +188,8 @@ def build_network_policy(owner: Owner, kuberay: KubeRayPeer) -> dict[str, Any]:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [own_pods]},
-                {"from": [kuberay_operator], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]},
-                {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+                {"from": [kuberay_operator], "ports": [{"protocol": "TCP", "port": contract.RAY_DASHBOARD_PORT}]},
+                {"ports": [{"protocol": "TCP", "port": contract.METRICS_PORT}]},
             ],
         },
     }

@@ -20,7 +20,7 @@ created suspended, as Kueue's RayJob integration requires: Kueue unsuspends it o
 suspends it again to preempt it. The same never-re-applied rule means the operator never writes
 `suspend` back while Kueue owns it.
 
-The head also serves the runtime's Prometheus metrics (`METRICS_PORT`, named `kuberl-metrics`,
+The head also serves the runtime's Prometheus metrics (`contract.METRICS_PORT`, named `kuberl-metrics`,
 handed to the runtime as KUBERL_METRICS_PORT) for a PodMonitor to scrape.
 
 The entrypoint is the runtime's command line (api/contract.py `runtime_command`) joined with
@@ -42,18 +42,14 @@ from kuberl.api.topology import HEAD_POOL, Pool, plan_topology
 from kuberl.operator import names
 from kuberl.operator.pods import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT, container_resources, merge
 
-#: The runtime's Prometheus metrics on the Ray head (the driver serves /metrics; runtime/report/telemetry.py).
-METRICS_PORT = 9464
+#: The name of the head's port of the runtime's Prometheus metrics (the chart's PodMonitor scrapes it by name).
 METRICS_PORT_NAME = "kuberl-metrics"
 #: Ports of the Ray head (KubeRay's defaults, spelled out) and the runtime's metrics.
 HEAD_PORTS = (
-    {"containerPort": 6379, "name": "gcs"},
-    {"containerPort": 8265, "name": "dashboard"},
-    {
-        "containerPort": 10001,
-        "name": "client",
-    },
-    {"containerPort": METRICS_PORT, "name": METRICS_PORT_NAME},
+    {"containerPort": contract.RAY_GCS_PORT, "name": "gcs"},
+    {"containerPort": contract.RAY_DASHBOARD_PORT, "name": "dashboard"},
+    {"containerPort": contract.RAY_CLIENT_PORT, "name": "client"},
+    {"containerPort": contract.METRICS_PORT, "name": METRICS_PORT_NAME},
 )
 #: The Ray version the runtime image carries (KubeRay needs it with authOptions; 2.52+ has token auth).
 DEFAULT_RAY_VERSION = "2.60.0"
@@ -168,7 +164,7 @@ def pod_env(job: RLJob, role: str) -> list[dict[str, Any]]:
     ]
     if role == HEAD_ROLE:  # the controller runs there: it publishes its report and serves the metrics
         own.append({"name": contract.STATUS_CONFIGMAP_ENV, "value": names.progress_configmap_name(job.metadata.name)})
-        own.append({"name": contract.METRICS_PORT_ENV, "value": str(METRICS_PORT)})
+        own.append({"name": contract.METRICS_PORT_ENV, "value": str(contract.METRICS_PORT)})
     endpoint = job.spec.reward.endpoint
     if endpoint is not None and endpoint.secret_ref is not None:
         own.append(

@@ -29,14 +29,21 @@ def contract_literals() -> set[str]:
     return names | flags | {contract.ray_resource(pool) for pool in POOLS} | {RUNTIME_PROGRAM[-1]}
 
 
+def contract_numbers() -> dict[int, str]:
+    """The numbers the contract defines, by what they are: its ports and the runtime's "resume me" exit code."""
+    ports = {value: name for name, value in vars(contract).items() if name.endswith("_PORT") and type(value) is int}
+    return ports | {int(contract.ExitCode.RESUMABLE): "exit code"}
+
+
 def stray_copies(source: str, literals: set[str]) -> list[str]:
-    """Where `source` spells a contract literal (a whole string constant) or builds a Ray resource name."""
+    """Where `source` spells a contract literal (a whole string constant) or number, or builds a Ray resource name."""
+    numbers = contract_numbers()
     found = [f"line {match.string.count(chr(10), 0, match.start()) + 1}: {match[0]}" for match in GREP.finditer(source)]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in literals:
             found.append(f"line {node.lineno}: {node.value!r}")
-        if isinstance(node, ast.Constant) and type(node.value) is int and node.value == contract.ExitCode.RESUMABLE:
-            found.append(f"line {node.lineno}: exit code {node.value}")
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value in numbers:
+            found.append(f"line {node.lineno}: {numbers[node.value]} {node.value}")
     return found
 
 
@@ -52,6 +59,10 @@ def test_the_scan_finds_a_stray_copy():
     assert stray_copies('name = "kuberl_actor"\n', literals)
     assert stray_copies('def resource(role):\n    return f"kuberl_{role}"\n', literals)
     assert stray_copies("EXIT_RESUMABLE = 75\n", literals)
+    assert stray_copies("METRICS_PORT = 9464\n", literals)
+    assert stray_copies('HEAD_PORTS = ({"containerPort": 6379, "name": "gcs"},)\n', literals)
+    assert stray_copies('ingress = {"ports": [{"protocol": "TCP", "port": 8265}]}\n', literals)
+    assert stray_copies("address = ray_client(port=10001)\n", literals)
     assert not stray_copies('log = "kuberl_operator_jobs"  # a Prometheus name, not a pool\n', literals)
 
 

@@ -12,16 +12,16 @@ import pytest
 import yaml
 
 from kuberl.api import parse_rljob
+from kuberl.api.contract import METRICS_PORT, RAY_DASHBOARD_PORT
 from kuberl.operator import names
 from kuberl.operator.access import (
     CREATE_ONLY,
-    DASHBOARD_PORT,
     KubeRayPeer,
     build_access,
     build_network_policy,
     build_runtime_identity,
 )
-from kuberl.operator.builders import METRICS_PORT, Owner, build_rayjob
+from kuberl.operator.builders import Owner, build_rayjob
 from tests.conftest import REPO
 from tests.unit.operator.conftest import KUBERAY, UID, base_spec, make_rljob
 from tests.unit.operator.pod_security import violations
@@ -150,7 +150,7 @@ def test_the_network_policy_admits_the_jobs_own_pods_kuberay_on_the_dashboard_an
     own, kuberay, scrapers = spec["ingress"]
     assert scrapers == {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]}  # any source, that port only
     assert own == {"from": [{"podSelector": {"matchLabels": {names.JOB_LABEL: "tiny-grpo"}}}]}
-    assert kuberay["ports"] == [{"protocol": "TCP", "port": DASHBOARD_PORT}]
+    assert kuberay["ports"] == [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]
     assert kuberay["from"] == [
         {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ray-system"}},
