@@ -75,7 +75,7 @@ class Groups:
                 pool.shutdown()
         for group in (self.actor, self.critic, self.reference):
             if group is not None:
-                group.kill()
+                group.stop()  # a colocated engine split over ranks removes its shared memory on the way
 
 
 def shared_ray_resources(units: int = 64) -> dict[str, float]:

@@ -327,7 +327,11 @@ class ModelWorker:
         return str(export_hf(checkpoint_uri, base_model, directory, tokenizer_path=str(self.tokenizer_at.resolve())))
 
     def shutdown(self) -> None:
-        if dist.is_initialized():
+        """The colocated engine stopped (a split one removes its shared memory), then the process group."""
+        if self.engine is not None and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+            self.engine = None
+        if dist.is_initialized():  # vLLM's teardown may have destroyed it already
             dist.destroy_process_group()
 
 
