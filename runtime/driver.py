@@ -125,8 +125,10 @@ class StepRecorder:
         if self.exporter is not None:  # after metrics.jsonl has the step: a scrape never runs ahead of the file
             self.exporter.record(self.reporter.history[-1])
         self.trackers.record(self.reporter.history[-1])  # wandb and MLflow get the record metrics.jsonl just got
-        failure = self.health.observe(result.step + 1, result.metrics, self.reward.last_failure)
-        if self.health.may_checkpoint:  # never after a NaN step: keepLast would rotate out the good ones
+        failure = self.health.observe(result.step + 1, result.metrics, self.reward.last_failure, final=final)
+        # never after a NaN step (keepLast would rotate out the good ones), nor of a step that fails the job (a
+        # restart runs it again and judges it again, instead of finding a finished run to export)
+        if failure is None and self.health.may_checkpoint:
             self.checkpointing.after_step(
                 result.step, result.epoch, final=final, preempted=preempted, stopping=self.preemption
             )

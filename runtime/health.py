@@ -15,7 +15,11 @@ with any skipped update counts; `training.maxNonFiniteSteps` of them in a row fa
 
 Reward failures. A sample whose reward failed (raised, timed out, returned no finite number) scores
 0.0 and teaches nothing. Over the last `reward.failureWindowSteps` steps, a failed share above
-`reward.maxFailureFraction` fails the job with a reason that names the reward, once the window is full.
+`reward.maxFailureFraction` fails the job with a reason that names the reward, once the window is full,
+and at the run's last step over the steps it has: a run shorter than the window (or resumed near its
+end) is judged too, so a job whose rewards all failed never ends as a success with an exported model.
+The driver saves no checkpoint of a step that fails the job: a restart runs that step again and judges it
+again, instead of finding a finished run to export.
 """
 
 from collections import deque
@@ -87,9 +91,12 @@ class RewardFailures:
     def __post_init__(self) -> None:
         self.steps = deque(maxlen=self.window)
 
-    def observe(self, step: int, metrics: Mapping[str, float], example: str | None) -> RewardFailureError | None:
+    def observe(
+        self, step: int, metrics: Mapping[str, float], example: str | None, final: bool = False
+    ) -> RewardFailureError | None:
+        """Takes in step `step`; judged once the window is full, and at the run's `final` step whatever it holds."""
         self.steps.append((metrics.get("reward/failed", 0.0), metrics.get("reward/samples", self.samples_per_step)))
-        if len(self.steps) < self.window:
+        if len(self.steps) < self.window and not final:
             return None
         failed, scored = sum(f for f, _ in self.steps), sum(n for _, n in self.steps)
         if not failed / scored > self.max_fraction:
@@ -97,7 +104,7 @@ class RewardFailures:
         last = f"; the last failure: {example}" if example else ""
         return RewardFailureError(
             f"reward {self.name} failed on {failed:g} of {scored:g} samples ({failed / scored:.0%}) in steps "
-            f"{step - self.window + 1} to {step}, more than spec.reward.maxFailureFraction "
+            f"{step - len(self.steps) + 1} to {step}, more than spec.reward.maxFailureFraction "
             f"({self.max_fraction:g}){last}"
         )
 
@@ -120,9 +127,11 @@ class RunHealth:
             ),
         )
 
-    def observe(self, step: int, metrics: Mapping[str, float], reward_error: str | None = None) -> JobFailed | None:
-        """Takes in step `step` (1-based); the failure that ends the job, or None."""
-        return self.non_finite.observe(step, metrics) or self.rewards.observe(step, metrics, reward_error)
+    def observe(
+        self, step: int, metrics: Mapping[str, float], reward_error: str | None = None, *, final: bool = False
+    ) -> JobFailed | None:
+        """Takes in step `step` (1-based), `final` when it is the run's last; the failure that ends the job, or None."""
+        return self.non_finite.observe(step, metrics) or self.rewards.observe(step, metrics, reward_error, final)
 
     @property
     def may_checkpoint(self) -> bool:

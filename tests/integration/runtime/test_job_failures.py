@@ -102,6 +102,27 @@ def test_a_reward_failing_above_max_failure_fraction_fails_the_job_naming_it(ray
     assert len(metrics_lines(tmp_path)) == 2  # judged once the window was full, and not a step later
 
 
+def test_a_job_shorter_than_the_failure_window_whose_rewards_all_failed_fails_and_exports_nothing(
+    ray_session, tmp_path
+):
+    job = demo_job(
+        **{
+            "reward": {"function": f"{REWARDS}:always_raises"},  # failureWindowSteps 5 (the default), 2 steps
+            "training.totalSteps": 2,
+            "resources.actor.replicas": 1,
+        }
+    )
+    for restart in (False, True):  # the operator's restart (--resume) fails the same way: nothing was saved
+        with pytest.raises(RewardFailureError) as failed:
+            run_job(job, tmp_path, demo_base_dir(), progress=False, restart=restart)
+        assert str(failed.value).startswith(
+            f"reward function {REWARDS}:always_raises failed on 128 of 128 samples (100%) in steps 1 to 2, more "
+            "than spec.reward.maxFailureFraction (0.5)"
+        )
+        assert not (tmp_path / "model").exists()
+        assert not list((tmp_path / "checkpoints").glob("step-*"))
+
+
 def test_a_step_past_step_timeout_seconds_fails_the_job_naming_what_it_waited_for(ray_session, tmp_path):
     job = demo_job(
         **{

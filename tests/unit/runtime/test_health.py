@@ -88,6 +88,57 @@ def test_reward_failures_are_judged_only_once_the_window_is_full():
     assert isinstance(guard.observe(3, {"reward/failed": 10}, None), RewardFailureError)
 
 
+def test_a_run_shorter_than_the_window_is_judged_at_its_last_step_over_the_steps_it_had():
+    guard = failures(0.5, window=5)
+    assert guard.observe(1, {"reward/failed": 10}, None) is None
+    error = guard.observe(2, {"reward/failed": 10}, "TimeoutError: the endpoint did not answer", final=True)
+    assert isinstance(error, RewardFailureError)
+    assert str(error) == (
+        "reward function my.rewards:judge failed on 20 of 20 samples (100%) in steps 1 to 2, more than "
+        "spec.reward.maxFailureFraction (0.5); the last failure: TimeoutError: the endpoint did not answer"
+    )
+
+
+def test_a_resumed_run_is_judged_at_its_last_step_over_the_steps_since_the_resume():
+    guard = failures(0.5, window=5)  # resumed after step 8 of 9: the window holds step 9 only
+    assert str(guard.observe(9, {"reward/failed": 6}, None, final=True)).startswith(
+        "reward function my.rewards:judge failed on 6 of 10 samples (60%) in steps 9 to 9"
+    )
+    assert failures(0.5, window=5).observe(9, {"reward/failed": 5}, None, final=True) is None  # at the fraction
+
+
+def test_a_step_that_fails_the_job_is_never_checkpointed(minimal_manifest, tmp_path):
+    from types import SimpleNamespace
+
+    from kuberl.runtime.checkpoint.checkpointing import Checkpointing
+    from kuberl.runtime.driver import StepRecorder
+    from kuberl.runtime.loop.controller import StepResult
+    from kuberl.runtime.report.metrics import RunReporter
+    from kuberl.runtime.report.status_publisher import StatusPublisher
+    from tests.unit.runtime.test_step_recorder import ShardWritingGroup
+
+    minimal_manifest["spec"]["checkpoint"] = {"uri": str(tmp_path / "checkpoints")}
+    job = parse_rljob(minimal_manifest)
+    checkpointing = Checkpointing(job, tmp_path)
+    checkpointing.groups = SimpleNamespace(trainers=[ShardWritingGroup()])
+    reporter = RunReporter(tmp_path, 2, show_progress=False)
+    recorder = StepRecorder(
+        SimpleNamespace(total_steps=2),
+        checkpointing,
+        reporter,
+        StatusPublisher(),
+        SimpleNamespace(requested=False),
+        RunHealth.from_spec(job.spec),
+        SimpleNamespace(last_failure="PermissionError: no"),
+    )
+    every_sample_failed = {"reward/failed": 64.0, "reward/samples": 64.0}
+    recorder(StepResult(0, 0, every_sample_failed))
+    with pytest.raises(RewardFailureError, match="in steps 1 to 2"):
+        recorder(StepResult(1, 0, every_sample_failed))  # the last step, which always saves when it passes
+    reporter.close()
+    assert checkpointing.latest is None and not list((tmp_path / "checkpoints").glob("step-*"))
+
+
 def test_a_failed_share_equal_to_the_fraction_passes_and_a_fraction_of_1_never_fails():
     at_limit = failures(0.5, window=1)
     assert at_limit.observe(1, {"reward/failed": 5}, None) is None
