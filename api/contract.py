@@ -42,6 +42,9 @@ IMAGE_FILES_DIR = "/opt/kuberl"
 #: The RLJob's metadata.name and namespace: whose progress the runtime reports.
 JOB_NAME_ENV = "KUBERL_JOB_NAME"
 JOB_NAMESPACE_ENV = "KUBERL_JOB_NAMESPACE"
+#: The RLJob's metadata.uid: which job a checkpoint location belongs to. A job deleted and created again under
+#: the same name is another job, with another uid (runtime/checkpoint/checkpointing.py).
+JOB_UID_ENV = "KUBERL_JOB_UID"
 #: The ConfigMap the runtime writes its report into (head pod only; operator/access.py, `<job>-progress`).
 STATUS_CONFIGMAP_ENV = "KUBERL_STATUS_CONFIGMAP"
 #: The pool the pod belongs to: `head`, or the role of its worker group (actor, critic, ...).

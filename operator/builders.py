@@ -151,11 +151,13 @@ def ray_start_params(pool: Pool) -> dict[str, str]:
     return {"resources": json.dumps(json.dumps(offered))} if offered else {}
 
 
-def pod_env(job: RLJob, role: str) -> list[dict[str, Any]]:
-    """Values go into env entries (never into a command line); the user's come after kuberl's own."""
+def pod_env(job: RLJob, role: str, uid: str) -> list[dict[str, Any]]:
+    """Values go into env entries (never into a command line); the user's come after kuberl's own. `uid` is the
+    RLJob's: the runtime keeps it with the checkpoints, so a job created again under the same name is told apart."""
     own: list[dict[str, Any]] = [
         {"name": contract.JOB_NAME_ENV, "value": job.metadata.name},
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata.namespace or ""},
+        {"name": contract.JOB_UID_ENV, "value": uid},
         {"name": contract.ROLE_ENV, "value": role},
     ]
     if role == HEAD_ROLE:  # the controller runs there: it publishes its report and serves the metrics
@@ -198,6 +200,7 @@ def pod_template(
     image: str,
     resources: dict[str, Any],
     pool: PodPlacement | None,
+    uid: str,
 ) -> dict[str, Any]:
     """A role's pod: Pod Security `restricted`, the job's own ServiceAccount, its token only in the head pod;
     `pool`'s node selector, tolerations and partial template on top."""
@@ -205,7 +208,7 @@ def pod_template(
     main: dict[str, Any] = {
         "name": container,
         "image": image,
-        "env": pod_env(job, role),
+        "env": pod_env(job, role, uid),
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
@@ -236,7 +239,7 @@ def pod_template(
     return template
 
 
-def worker_group(job: RLJob, pool: Pool, image: str) -> dict[str, Any]:
+def worker_group(job: RLJob, pool: Pool, image: str, uid: str) -> dict[str, Any]:
     """One Ray worker group for a pool: its pods, the autoscaler's bounds, and the resource it offers."""
     size: RoleResources = getattr(job.spec.resources, pool.name)  # placement constraints and podTemplate
     return {
@@ -252,11 +255,12 @@ def worker_group(job: RLJob, pool: Pool, image: str) -> dict[str, Any]:
             image=image,
             resources=container_resources(pool),
             pool=size,
+            uid=uid,
         ),
     }
 
 
-def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str) -> dict[str, Any]:
+def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str, uid: str) -> dict[str, Any]:
     """The head: it runs the controller, and the actors the topology puts beside it (a reward without a pool)."""
     amounts = {"cpu": cpu, "memory": memory}
     return {
@@ -268,6 +272,7 @@ def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str) -> dic
             image=image,
             resources={"requests": dict(amounts), "limits": dict(amounts)},
             pool=job.spec.resources.head,
+            uid=uid,
         ),
     }
 
@@ -309,8 +314,8 @@ def build_rayjob(
         "rayVersion": ray_version,
         "authOptions": {"mode": "token", "secretName": names.ray_token_secret_name(owner.name)},
         "enableInTreeAutoscaling": elastic,
-        "headGroupSpec": head_group(job, topology.head, image, head_cpu, head_memory),
-        "workerGroupSpecs": [worker_group(job, pool, image) for pool in topology.worker_pools],
+        "headGroupSpec": head_group(job, topology.head, image, head_cpu, head_memory, owner.uid),
+        "workerGroupSpecs": [worker_group(job, pool, image, owner.uid) for pool in topology.worker_pools],
     }
     if elastic:  # KubeRay adds the autoscaler as a container of the head pod: restricted like the others
         cluster["autoscalerOptions"] = {"securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT)}

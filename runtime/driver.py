@@ -25,7 +25,7 @@ from typing import Any
 
 import ray
 
-from kuberl.api import RLJob
+from kuberl.api import RLJob, contract
 from kuberl.runtime.checkpoint import CheckpointRef, PreemptionWatcher
 from kuberl.runtime.checkpoint.checkpointing import Checkpointing, CheckpointLocationError
 from kuberl.runtime.checkpoint.locations import checkpoint_uri, export_location
@@ -195,7 +195,7 @@ def _run(
     plan = make_plan(job, output_dir, base_dir, default_cache_dir())  # every check before anything is written
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "job.yaml").write_text(_yaml(job.to_manifest()), encoding="utf-8")
-    checkpointing = Checkpointing(job, output_dir)
+    checkpointing = Checkpointing(job, output_dir, uid=os.environ.get(contract.JOB_UID_ENV) or None)
     resume_from = checkpointing.start_point(restart)  # before any actor: a refusal costs no compute
     trackers = open_trackers(job, output_dir, checkpoint_uri(job, output_dir.resolve()))  # a bad key fails here
     started_ray = start_ray(address, plan.topology)

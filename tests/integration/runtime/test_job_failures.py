@@ -74,7 +74,12 @@ def test_nan_updates_are_skipped_and_fail_the_job_keeping_the_good_checkpoints(r
         f"the latest checkpoint, kept: {good} (step 2)"
     )
     # keepLast 2 kept steps 1 and 2: nothing was saved after the poisoned steps to rotate them out
-    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == ["latest", "step-000001", "step-000002"]
+    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == [
+        "latest",
+        "owner.json",
+        "step-000001",
+        "step-000002",
+    ]
     lines = metrics_lines(output)
     assert [line["actor/update_skipped"] for line in lines] == [0.0, 0.0, 1.0, 1.0]
     assert [line["actor/grad_norm"] for line in lines[2:]] == ["NaN", "NaN"]  # recorded, not dropped

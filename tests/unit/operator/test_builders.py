@@ -334,6 +334,13 @@ def test_the_head_serves_the_runtime_metrics_on_a_named_port_and_only_the_head()
         assert contract.METRICS_PORT_ENV not in {entry["name"] for entry in worker["env"]}
 
 
+def test_every_pod_knows_the_uid_of_its_rljob_which_tells_a_job_created_again_under_its_name_apart():
+    rayjob = rayjob_for({"resources": {"reward": {"replicas": 1}}})
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    for group in [cluster["headGroupSpec"], *groups(rayjob).values()]:
+        assert {"name": contract.JOB_UID_ENV, "value": UID} in container(group)["env"]
+
+
 def test_the_stop_grace_period_reaches_rays_job_supervisor_and_every_pod():
     rayjob = rayjob_for({"runPolicy": {"stopGracePeriodSeconds": 600}, "resources": {"reward": {"replicas": 1}}})
     runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
