@@ -158,6 +158,8 @@ def pod_env(job: RLJob, role: str, uid: str) -> list[dict[str, Any]]:
         {"name": contract.JOB_NAME_ENV, "value": job.metadata.name},
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata.namespace or ""},
         {"name": contract.JOB_UID_ENV, "value": uid},
+        # a pod Kubernetes stops keeps its Ray processes for the stop window: the driver saves the step under way
+        {"name": contract.RAY_DRAIN_WINDOW_ENV, "value": str(job.spec.run_policy.stop_grace_period_seconds)},
         {"name": contract.ROLE_ENV, "value": role},
     ]
     if role == HEAD_ROLE:  # the controller runs there: it publishes its report and serves the metrics

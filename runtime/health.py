@@ -33,13 +33,17 @@ from kuberl.api.spec import RewardSpec, RLJobSpec
 SKIPPED_UPDATE_METRICS = ("actor/update_skipped", "critic/update_skipped")
 
 
-class JobFailed(RuntimeError):
-    """The job cannot go on: the message says why and names the spec field that set the limit."""
+class RunStopped(RuntimeError):
+    """The run stops here: the message says why. The driver adds the newest committed checkpoint to it."""
 
-    def with_checkpoint(self, ref: Any) -> "JobFailed":
-        """The same failure, naming the newest committed checkpoint (a CheckpointRef, or None)."""
+    def with_checkpoint(self, ref: Any) -> "RunStopped":
+        """The same stop, naming the newest committed checkpoint (a CheckpointRef, or None)."""
         kept = f"the latest checkpoint, kept: {ref.uri} (step {ref.step})" if ref else "no checkpoint was saved"
         return type(self)(f"{self}; {kept}")
+
+
+class JobFailed(RunStopped):
+    """The job cannot go on: the message says why and names the spec field that set the limit."""
 
 
 class NonFiniteUpdatesError(JobFailed):

@@ -65,6 +65,15 @@ class Groups:
         own = {"critic": self.critic, "reference": self.reference}.get(role)
         return own or self.actor
 
+    def model_nodes(self) -> dict[str, list[str]]:
+        """The nodes of the model groups' ranks (a run loses a step with any of them), each with who runs there."""
+        nodes: dict[str, list[str]] = {}
+        for group in (self.actor, self.critic, self.reference):
+            if group is not None:
+                for rank, node in enumerate(group.call("node_id")):
+                    nodes.setdefault(node, []).append(f"{group.group.name} worker {rank}")
+        return nodes
+
     @property
     def trainers(self) -> list[WorkerGroup]:
         """The groups holding trained models (what a checkpoint saves): the actor's, and the critic's own."""

@@ -346,6 +346,9 @@ def test_the_stop_grace_period_reaches_rays_job_supervisor_and_every_pod():
     runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
     assert runtime_env == {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "600"}}
     assert [pod["terminationGracePeriodSeconds"] for pod in all_pod_specs(rayjob)] == [615, 615, 615]
+    # a stopped pod's `ray start` keeps its processes, drained, for as long (runtime/checkpoint/preemption.py)
+    for pod in all_pod_specs(rayjob):
+        assert {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "600"} in pod["containers"][0]["env"]
 
 
 def test_a_pod_templates_longer_grace_period_is_kept():
