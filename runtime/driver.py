@@ -136,7 +136,12 @@ class StepRecorder:
         # restart runs it again and judges it again, instead of finding a finished run to export)
         if failure is None and self.health.may_checkpoint:
             self.checkpointing.after_step(
-                result.step, result.epoch, final=final, preempted=preempted, stopping=self.preemption
+                result.step,
+                result.epoch,
+                final=final,
+                preempted=preempted,
+                stopping=self.preemption,
+                state=self.health.state(),
             )
         latest = self.checkpointing.latest
         self.export_checkpoint()
@@ -239,6 +244,7 @@ def _run(
                 max_new_tokens=job.spec.max_response_tokens,  # an episode: maxEpisodeTokens
             )
             health = RunHealth.from_spec(job.spec)
+            health.restore(checkpointing.resumed_state)  # the reward window of the checkpoint it resumes
             recorder = StepRecorder(
                 plan, checkpointing, reporter, publisher, preemption, health, groups.reward, exporter, trackers, drains
             )

@@ -3,7 +3,8 @@
 checkpointing = Checkpointing(job, output_dir, uid)
 ref = checkpointing.start_point(restart)       # before any actor exists: a refusal costs nothing
 step = checkpointing.begin(groups, ref)        # every trainer loads `ref`; the step to start from
-checkpointing.after_step(step, epoch, final=..., preempted=...)   # each rank writes its shards, then the commit
+checkpointing.resumed_state                    # the driver's own part of the train state it saved (run health)
+checkpointing.after_step(step, epoch, final=..., preempted=..., state=...)  # each rank writes its shards, the commit
 checkpointing.export(destination)              # the latest checkpoint's actor as a Hugging Face folder
 
 Whose checkpoints. A location belongs to one RLJob, recorded before its first save (store.py `owner.json`):
@@ -20,6 +21,7 @@ removed.
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -85,6 +87,7 @@ class Checkpointing:
         self.last_time = time.monotonic()
         self.latest: CheckpointRef | None = None
         self.last_save_seconds: float | None = None  # how long the last save took, for the stop window's outlook
+        self.resumed_state: dict[str, Any] = {}  # the train state of the checkpoint resumed from ({}: fresh)
 
     def start_point(self, restart: bool) -> CheckpointRef | None:
         """The checkpoint the run resumes from, None to start fresh; refuses another job's location, saved work
@@ -178,13 +181,22 @@ class Checkpointing:
         for group in groups.trainers:
             group.call("load_checkpoint", ref.uri)
         state = self.store.load_train_state(ref)
+        self.resumed_state = state
         self.last_step, self.latest = int(state["step"]), ref
         log.info("resumed from the checkpoint of step %d: %s", self.last_step, ref.uri)
         return self.last_step
 
     def after_step(
-        self, step: int, epoch: int, *, final: bool, preempted: bool, stopping: PreemptionWatcher | None = None
+        self,
+        step: int,
+        epoch: int,
+        *,
+        final: bool,
+        preempted: bool,
+        stopping: PreemptionWatcher | None = None,
+        state: Mapping[str, Any] | None = None,
     ) -> None:
+        """Saves after `step` when due; `state` is the driver's own to keep with it (`resumed_state` on resume)."""
         done = step + 1
         if not should_save(done, self.last_step, self.last_time, time.monotonic(), self.spec, final, preempted):
             return
@@ -195,7 +207,8 @@ class Checkpointing:
         assert self.groups is not None
         for group in self.groups.trainers:  # each group's ranks write their own models' shards
             group.call("save_checkpoint", location)
-        self.latest = self.store.commit(location, done, {"step": done, "epoch": epoch}, self.job.to_manifest())
+        train_state = {**(state or {}), "step": done, "epoch": epoch}
+        self.latest = self.store.commit(location, done, train_state, self.job.to_manifest())
         self.last_step, self.last_time = done, time.monotonic()
         self.last_save_seconds = self.last_time - started
 

@@ -1,6 +1,7 @@
 """runtime/health.py: when a run of NaN steps or of failing rewards ends the job, as table tests; and the
 trainer's optimiser step that skips a non-finite update (engines/fsdp.py) on a real tiny model."""
 
+import json
 import math
 
 import pytest
@@ -99,12 +100,27 @@ def test_a_run_shorter_than_the_window_is_judged_at_its_last_step_over_the_steps
     )
 
 
-def test_a_resumed_run_is_judged_at_its_last_step_over_the_steps_since_the_resume():
-    guard = failures(0.5, window=5)  # resumed after step 8 of 9: the window holds step 9 only
-    assert str(guard.observe(9, {"reward/failed": 6}, None, final=True)).startswith(
-        "reward function my.rewards:judge failed on 6 of 10 samples (60%) in steps 9 to 9"
-    )
-    assert failures(0.5, window=5).observe(9, {"reward/failed": 5}, None, final=True) is None  # at the fraction
+def test_a_resumed_run_judges_the_same_window_as_one_that_never_stopped(minimal_manifest):
+    job = parse_rljob(minimal_manifest)  # failureWindowSteps 5, maxFailureFraction 0.5
+
+    def step(n_failed: int) -> dict[str, float]:
+        return {"reward/failed": n_failed, "reward/samples": 32}
+
+    failed = [0, 0, 0, 0, 32, 32]  # steps 5 and 6 fail entirely: 64 of 160 over steps 2..6, 40%
+    straight = RunHealth.from_spec(job.spec)
+    verdicts = [straight.observe(n, step(f), final=n == 6) for n, f in enumerate(failed, 1)]
+    assert verdicts == [None] * 6
+    before = RunHealth.from_spec(job.spec)
+    for n, f in enumerate(failed[:4], 1):
+        before.observe(n, step(f))
+    saved = json.loads(json.dumps(before.state()))  # as the checkpoint of step 4 keeps it (train_state.json)
+    resumed = RunHealth.from_spec(job.spec)
+    resumed.restore(saved)
+    assert resumed.observe(5, step(32)) is None
+    assert resumed.observe(6, step(32), final=True) is None  # over steps 2..6, as above
+    fresh = RunHealth.from_spec(job.spec)  # what it judged without the window: steps 5..6 alone, 100%
+    fresh.observe(5, step(32))
+    assert isinstance(fresh.observe(6, step(32), final=True), RewardFailureError)
 
 
 def test_a_step_that_fails_the_job_is_never_checkpointed(minimal_manifest, tmp_path):
