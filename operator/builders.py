@@ -255,7 +255,7 @@ def worker_group(job: RLJob, pool: Pool, image: str, uid: str) -> dict[str, Any]
             role=pool.name,
             container="ray-worker",
             image=image,
-            resources=container_resources(pool),
+            resources=container_resources(pool, pool.ephemeral_storage),
             pool=size,
             uid=uid,
         ),
@@ -265,6 +265,8 @@ def worker_group(job: RLJob, pool: Pool, image: str, uid: str) -> dict[str, Any]
 def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str, uid: str) -> dict[str, Any]:
     """The head: it runs the controller, and the actors the topology puts beside it (a reward without a pool)."""
     amounts = {"cpu": cpu, "memory": memory}
+    if pool.ephemeral_storage is not None:  # the environment workers run tool calls here (no reward pool)
+        amounts["ephemeral-storage"] = pool.ephemeral_storage
     return {
         "rayStartParams": {"dashboard-host": "0.0.0.0", **ray_start_params(pool)},
         "template": pod_template(
