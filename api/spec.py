@@ -465,7 +465,8 @@ class RewardSpec(KuberlModel):
         5,
         ge=1,
         le=MAX_STREAK,
-        description="Steps over which maxFailureFraction is measured; the job is judged once this many steps ran.",
+        description="Steps over which maxFailureFraction is measured; the job is judged once this many steps ran, "
+        "and at its last step over the steps it ran (a job shorter than this is judged too).",
     )
 
     @field_validator("function")

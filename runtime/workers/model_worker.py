@@ -72,6 +72,12 @@ class ModelWorker:
 
         return ray.util.get_node_ip_address(), free_port()
 
+    def node_id(self) -> str:
+        """The Ray node (a pod on Kubernetes) this rank runs on: the driver watches whether Ray drains it."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def setup(self, setup: WorkerSetup) -> dict[str, Any]:
         torch.set_num_threads(max(1, setup.threads))
         self.job = parse_rljob(setup.job)
