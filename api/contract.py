@@ -42,6 +42,9 @@ IMAGE_FILES_DIR = "/opt/kuberl"
 #: The RLJob's metadata.name and namespace: whose progress the runtime reports.
 JOB_NAME_ENV = "KUBERL_JOB_NAME"
 JOB_NAMESPACE_ENV = "KUBERL_JOB_NAMESPACE"
+#: The RLJob's metadata.uid: which job a checkpoint location belongs to. A job deleted and created again under
+#: the same name is another job, with another uid (runtime/checkpoint/checkpointing.py).
+JOB_UID_ENV = "KUBERL_JOB_UID"
 #: The ConfigMap the runtime writes its report into (head pod only; operator/access.py, `<job>-progress`).
 STATUS_CONFIGMAP_ENV = "KUBERL_STATUS_CONFIGMAP"
 #: The pool the pod belongs to: `head`, or the role of its worker group (actor, critic, ...).
@@ -105,6 +108,12 @@ DEFAULT_LEASE_NAME = "kuberl-operator"
 #: Ray's own variable: how long its job supervisor waits between SIGTERM to the driver and SIGKILL (default 3 s).
 #: The operator sets it from spec.runPolicy.stopGracePeriodSeconds; the driver reads it to know its window.
 RAY_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
+#: Ray's own variable: how long `ray start --block` (a pod's first process) that gets SIGTERM keeps its node's
+#: processes running, drained, before it kills them (default 30 s; Ray 2.60, python/ray/_private/node.py
+#: `_drain_node_before_shutdown`). The operator sets it in every pod to spec.runPolicy.stopGracePeriodSeconds, so
+#: a worker pod Kubernetes stops gives the driver the stop window to finish the step and save it
+#: (runtime/checkpoint/preemption.py DrainWatcher).
+RAY_DRAIN_WINDOW_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 #: The pods outlive the driver's window by this much, so Ray's SIGKILL comes before the kubelet's.
 POD_GRACE_MARGIN_SECONDS = 15
 
@@ -145,7 +154,9 @@ class ExitCode(IntEnum):
     #: Training could not go on (runtime/health.py: NaN updates in a row, rewards that keep failing, a step
     #: past training.stepTimeoutSeconds); the last good checkpoint is kept. (sysexits EX_SOFTWARE)
     JOB_FAILED = 70
-    #: Stopped early after saving what it had (preemption): restart it and it resumes. (sysexits EX_TEMPFAIL)
+    #: Stopped early after saving what it had (SIGTERM, or Ray draining a trainer's node: a pod asked to stop), or
+    #: after losing a trainer rank outright (the step in progress lost with it): restart it and it resumes from the
+    #: latest commit. (sysexits EX_TEMPFAIL)
     RESUMABLE = 75
 
 

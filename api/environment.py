@@ -7,6 +7,8 @@ from kuberl.api.base import KuberlModel
 
 #: Environments that ship with kuberl (package `kuberl.runtime.environments`).
 BUILTIN_ENVIRONMENTS = ("python",)
+#: The scratch folder of one tool call, in MiB: a tmpfs (memory the call holds beside toolMemoryMib).
+TOOL_SCRATCH_MIB = 64
 #: A built-in name, or `package.module:Class`.
 ENVIRONMENT_REF_PATTERN = (
     r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*|[a-z][a-z0-9_]*)$"
@@ -71,8 +73,11 @@ class EnvironmentSpec(KuberlModel):
         512,
         ge=64,
         le=1048576,
-        description="Address space one tool call may use, in MiB. An allocation past it fails and the model "
-        "reads the error.",
+        description="Memory one tool call may use, in MiB: all the processes it starts together (a memory cgroup "
+        "where the worker may make one, else an even share per process it may start). Past it an allocation "
+        f"fails, or the call is stopped, and the model reads the error. Its scratch folder ({TOOL_SCRATCH_MIB} MiB) "
+        "comes on top. An environment worker runs one call per CPU at once; a reward pool that runs tools and "
+        "sets no memory gets enough for that.",
     )
 
     @field_validator("name")

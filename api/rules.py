@@ -149,9 +149,11 @@ def tensor_parallel_fits_its_pool(spec: "RLJobSpec") -> Iterator[RuleProblem]:
 
     A separate rollout replica is one vLLM engine whose mp executor starts a worker per shard, so its
     pod must hold exactly that many GPUs (api/topology.py: one engine per pod spanning the pod's GPUs),
-    or on CPU a core per shard. A colocated engine lives inside one trainer rank on that rank's one device
-    (verl splits it over several ranks with vLLM's external launcher; kuberl does not). Refused here, at
-    validate and admission, rather than when the engine starts on allocated GPUs.
+    or on CPU a core per shard. A colocated engine is split over consecutive actor ranks, one shard in each
+    rank's process on its one device (vLLM's external launcher, as verl's hybrid engine does), so the actor's
+    ranks must make whole groups, and on GPU a group must lie in one pod (its all-reduces stay on the node).
+    Multi-turn episodes send each engine calls of their own, which a split colocated engine cannot take yet.
+    Refused here, at validate and admission, rather than when the engine starts on allocated GPUs.
     """
     rollout, pool = spec.rollout, spec.resources.rollout
     tp = rollout.tensor_parallel_size
@@ -162,16 +164,14 @@ def tensor_parallel_fits_its_pool(spec: "RLJobSpec") -> Iterator[RuleProblem]:
             "set rollout.engine: vllm, or tensorParallelSize: 1",
         )
     if tp > 1 and rollout.placement == RolloutPlacement.COLOCATED:
-        yield (
-            ("rollout", "tensorParallelSize"),
-            f"tensor parallel {tp} needs rollout.placement: separate and a rollout pool (resources.rollout with "
-            f"gpus: {tp} per replica on GPU); a colocated engine runs in each actor rank on that rank's one device",
-        )
-    if tp > 1 and spec.models.actor.lora is not None and spec.models.actor.lora.sync == LoRASync.ADAPTER:
+        yield from colocated_tensor_parallel_problems(spec, tp)
+    lora = spec.models.actor.lora
+    separate = rollout.placement == RolloutPlacement.SEPARATE
+    if tp > 1 and separate and lora is not None and lora.sync == LoRASync.ADAPTER:
         yield (
             ("models", "actor", "lora", "sync"),
-            f"the adapter sync loads LoRA adapters from memory in one process, not in the {tp} processes of a "
-            "tensor-parallel engine; set sync: merged, or rollout.tensorParallelSize: 1",
+            f"the adapter sync loads LoRA adapters from memory in one process, not in the {tp} worker processes of "
+            "a rollout replica's tensor-parallel engine; set sync: merged, or rollout.tensorParallelSize: 1",
         )
     if rollout.placement != RolloutPlacement.SEPARATE or pool is None:
         return
@@ -186,6 +186,29 @@ def tensor_parallel_fits_its_pool(spec: "RLJobSpec") -> Iterator[RuleProblem]:
             ("resources", "rollout", "cpus"),
             f"a CPU rollout replica runs one engine process per tensor-parallel shard, a core each: cpus "
             f"({pool.cpus:g}) must be at least rollout.tensorParallelSize ({tp})",
+        )
+
+
+def colocated_tensor_parallel_problems(spec: "RLJobSpec", tp: int) -> Iterator[RuleProblem]:
+    """A colocated engine split `tp` ways over the actor's ranks (see tensor_parallel_fits_its_pool)."""
+    actor = spec.resources.actor
+    if actor.world_size % tp:
+        yield (
+            ("rollout", "tensorParallelSize"),
+            f"a colocated engine split {tp} ways takes {tp} consecutive actor ranks; the actor has "
+            f"{actor.world_size} (resources.actor): make it a multiple of {tp}, or tensorParallelSize a divisor",
+        )
+    elif actor.gpus and actor.gpus % tp:
+        yield (
+            ("resources", "actor", "gpus"),
+            f"a colocated engine split {tp} ways spans {tp} GPUs of one pod; gpus ({actor.gpus}) per actor "
+            f"replica must be a multiple of {tp}",
+        )
+    if spec.environment is not None:
+        yield (
+            ("rollout", "tensorParallelSize"),
+            f"multi-turn episodes call each engine on its own, which a colocated engine split {tp} ways over "
+            "ranks cannot take yet: set rollout.placement: separate with a rollout pool, or tensorParallelSize: 1",
         )
 
 

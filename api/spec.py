@@ -465,7 +465,8 @@ class RewardSpec(KuberlModel):
         5,
         ge=1,
         le=MAX_STREAK,
-        description="Steps over which maxFailureFraction is measured; the job is judged once this many steps ran.",
+        description="Steps over which maxFailureFraction is measured; the job is judged once this many steps ran, "
+        "and at its last step over the steps it ran (a job shorter than this is judged too).",
     )
 
     @field_validator("function")
@@ -544,10 +545,12 @@ class RolloutSpec(KuberlModel):
         ge=1,
         le=64,
         description="Devices one vLLM engine is split over (verl: rollout.tensor_model_parallel_size): each shard "
-        "holds 1/N of every layer and runs in a worker process of its own, on a GPU, or on CPU with its share of "
-        "the replica's cores. Above 1 only with rollout.placement: separate, where each rollout replica is one "
-        "engine and resources.rollout.gpus must equal this (on CPU, cpus at least this); the model's attention "
-        "heads must divide by it.",
+        "holds 1/N of every layer. Colocated, the engine spans N consecutive actor ranks, a shard in each rank's "
+        "process on its device (vLLM's external launcher, verl's hybrid engine), and the ranks of a group "
+        "generate the same prompts together: the actor's ranks must be a multiple of N, and on GPU "
+        "resources.actor.gpus too (a group stays in one pod). Separate, each rollout replica is one engine with "
+        "a worker process per shard, on a GPU (resources.rollout.gpus must equal this) or on CPU with its share "
+        "of the replica's cores (cpus at least this). The model's attention heads must divide by it.",
     )
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=0.95, description="vllm on GPU: share of GPU memory for weights and KV cache."

@@ -26,7 +26,9 @@ Environments (spec.environment). Their workers hold the episodes' environments a
 processes of their tools, so they live where the reward workers live: one per reward pod (the reward
 pool's `replicas`; one on the head without a reward pool), beside that pod's reward worker. The pod's
 CPUs are split between the two. Episodes are pinned to their environment worker, so the group does not
-scale while the job runs.
+scale while the job runs. A worker runs one tool call per CPU it has at once (`tool_calls_at_once`), each
+held to toolMemoryMib plus its scratch, so a pool that runs tools gets, unless its spec entry sets one, a
+memory limit that holds them (`tool_pod_memory_mib`) and always an ephemeral-storage limit.
 
 Elastic bounds. A pool's pods move between min_pods and max_pods (spec minReplicas/maxReplicas; the
 API lets only the reward and a separate rollout pool differ). The reward group's actors move between
@@ -34,10 +36,12 @@ the same bounds (the runtime's reward pool asks for more when its queue waits an
 the autoscaler follows with pods). The rollout group keeps `replicas` engines.
 """
 
+import math
 from dataclasses import dataclass
 
 from kuberl.api.contract import UNITS_PER_ACTOR, ray_resource
 from kuberl.api.enums import Role, RolloutPlacement
+from kuberl.api.environment import TOOL_SCRATCH_MIB, EnvironmentSpec
 from kuberl.api.resources import RoleResources
 from kuberl.api.spec import RLJobSpec
 
@@ -47,6 +51,22 @@ HEAD_POOL = "head"
 DEFAULT_REWARD_CPUS = 0.5
 #: The group of the environment workers (spec.environment); they live on the reward pool's pods.
 ENVIRONMENT_GROUP = "environment"
+#: Memory a pod that runs tool calls keeps besides them: its Ray processes, its reward and environment workers.
+TOOL_POD_BASE_MIB = 2048
+#: Ephemeral storage of a pod that runs tool calls (Ray's logs, each call's captured output; a call's scratch
+#: is memory): a bound, so that no call's output can fill the node's disk.
+TOOL_POD_EPHEMERAL_STORAGE = "8Gi"
+
+
+def tool_calls_at_once(cpus: float) -> int:
+    """Tool calls an environment worker with `cpus` runs at once: one per whole CPU (a call may keep a core busy
+    for all of its time limit), at least one."""
+    return max(1, math.floor(cpus))
+
+
+def tool_pod_memory_mib(environment: EnvironmentSpec, cpus: float) -> int:
+    """Memory for a pod whose environment worker has `cpus`: its calls at once at their limits, and the base."""
+    return TOOL_POD_BASE_MIB + tool_calls_at_once(cpus) * (environment.tool_memory_mib + TOOL_SCRATCH_MIB)
 
 
 @dataclass(frozen=True)
@@ -98,7 +118,8 @@ class Pool:
     min_pods: int
     max_pods: int
     #: CPU cores, GPUs and memory (a Kubernetes quantity, None: no limit) per pod. The head's size is the
-    #: operator's setting (KUBERL_HEAD_CPU / KUBERL_HEAD_MEMORY); here it says what its actors need.
+    #: operator's setting (KUBERL_HEAD_CPU / KUBERL_HEAD_MEMORY); here it says what its actors need. A pool
+    #: that runs tool calls gets memory enough for them when its spec entry sets none.
     cpus: float
     gpus: int
     memory: str | None
@@ -108,6 +129,8 @@ class Pool:
     units: int
     #: Roles whose actors live on these pods, colocated ones included.
     roles: tuple[Role, ...]
+    #: Ephemeral storage per pod (a Kubernetes quantity): set for the pools that run tool calls, None elsewhere.
+    ephemeral_storage: str | None = None
 
     @property
     def elastic(self) -> bool:
@@ -289,15 +312,21 @@ def actor_groups(spec: RLJobSpec) -> tuple[ActorGroup, ...]:
     return tuple(groups)
 
 
-def _pool(name: str, size: RoleResources | None, groups: tuple[ActorGroup, ...]) -> Pool:
-    """The pool `name`, sized by its spec entry (None: the head), offering a unit per actor of its groups."""
+def _pool(
+    name: str, size: RoleResources | None, groups: tuple[ActorGroup, ...], environment: EnvironmentSpec | None
+) -> Pool:
+    """The pool `name`, sized by its spec entry (None: the head), offering a unit per actor of its groups; a pool
+    that runs tool calls is bounded in memory (unless its entry says) and ephemeral storage."""
     hosted = [group for group in groups if group.pool == name]
+    tools = next((group for group in hosted if group.name == ENVIRONMENT_GROUP), None)
     if size is None:  # the head: one pod; its size is the operator's setting, here what its actors need
         pods = low = high = 1
         cpus, gpus, memory = sum((group.max_actors * group.cpus for group in hosted), 0.0), 0, None
     else:
         pods, low, high = size.replicas, size.effective_min, size.effective_max
         cpus, gpus, memory = size.cpus, size.gpus, size.memory
+        if memory is None and tools is not None and environment is not None:
+            memory = f"{tool_pod_memory_mib(environment, tools.cpus)}Mi"
     return Pool(
         name=name,
         pods=pods,
@@ -309,15 +338,16 @@ def _pool(name: str, size: RoleResources | None, groups: tuple[ActorGroup, ...])
         resource=ray_resource(name),
         units=sum(group.actors_per_pod * group.units for group in hosted),
         roles=tuple(role for group in hosted for role in group.roles),
+        ephemeral_storage=TOOL_POD_EPHEMERAL_STORAGE if tools is not None else None,
     )
 
 
 def plan_topology(spec: RLJobSpec) -> Topology:
     """The pools and actor groups of a job: a pure function of its spec."""
     groups = actor_groups(spec)
-    pools = [_pool(HEAD_POOL, None, groups)]
+    pools = [_pool(HEAD_POOL, None, groups, spec.environment)]
     for role in Role:
         size = getattr(spec.resources, role.value)
         if size is not None:
-            pools.append(_pool(role.value, size, groups))
+            pools.append(_pool(role.value, size, groups, spec.environment))
     return Topology(pools=tuple(pools), groups=groups)

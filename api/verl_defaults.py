@@ -126,9 +126,9 @@ VERL_DIFFERENCES: dict[str, VerlDifference] = {
     "rollout.tensorParallelSize": VerlDifference(
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
         2,
-        "kuberl's default engine is colocated, one per trainer rank on that rank's GPU; a split engine runs on a "
-        "separate rollout pool (rollout.placement: separate, resources.rollout.gpus equal to this). verl splits "
-        "its colocated engine over trainer ranks; its 2 assumes a model too large for one GPU.",
+        "kuberl's default runs one whole engine per trainer rank, on one GPU or a CPU; both split an engine over "
+        "the GPUs it names, colocated over the actor's ranks or on a rollout pool. verl's 2 assumes a model too "
+        "large for one GPU.",
     ),
     "rollout.syncBucketMb": VerlDifference(
         "actor_rollout_ref.rollout.update_weights_bucket_megabytes",

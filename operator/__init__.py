@@ -5,7 +5,7 @@ One level-triggered pass per RLJob: observe (RLJob + its RayJobs + its spec Conf
 
     names.py     deterministic names, labels, paths        builders.py  ConfigMap / RayJob / Event (pure)
     pods.py      pod resources, podTemplate merge (pure)   status.py    KubeRay state, conditions (pure)
-    specdiff.py  safe and unsafe spec changes (pure)       decide.py    the state machine (pure)
+    decide.py    the state machine (pure; spec changes: api/specdiff.py)
     access.py    per-job identity, Ray token, NetworkPolicy pruned.py    fields the API server dropped (pure)
     kube.py      REST verbs over the kubernetes client     reconcile.py one pass (I/O) and the per-job queue
     handlers.py  thin kopf handlers                        webhook.py   validating admission webhook

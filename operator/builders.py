@@ -155,11 +155,15 @@ def ray_start_params(pool: Pool) -> dict[str, str]:
     return {"resources": json.dumps(json.dumps(offered))} if offered else {}
 
 
-def pod_env(job: RLJob, role: str) -> list[dict[str, Any]]:
-    """Values go into env entries (never into a command line); the user's come after kuberl's own."""
+def pod_env(job: RLJob, role: str, uid: str) -> list[dict[str, Any]]:
+    """Values go into env entries (never into a command line); the user's come after kuberl's own. `uid` is the
+    RLJob's: the runtime keeps it with the checkpoints, so a job created again under the same name is told apart."""
     own: list[dict[str, Any]] = [
         {"name": contract.JOB_NAME_ENV, "value": job.metadata.name},
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata.namespace or ""},
+        {"name": contract.JOB_UID_ENV, "value": uid},
+        # a pod Kubernetes stops keeps its Ray processes for the stop window: the driver saves the step under way
+        {"name": contract.RAY_DRAIN_WINDOW_ENV, "value": str(job.spec.run_policy.stop_grace_period_seconds)},
         {"name": contract.ROLE_ENV, "value": role},
     ]
     if role == HEAD_ROLE:  # the controller runs there: it publishes its report and serves the metrics
@@ -202,6 +206,7 @@ def pod_template(
     image: str,
     resources: dict[str, Any],
     pool: PodPlacement | None,
+    uid: str,
 ) -> dict[str, Any]:
     """A role's pod: Pod Security `restricted`, the job's own ServiceAccount, its token only in the head pod;
     `pool`'s node selector, tolerations and partial template on top."""
@@ -209,7 +214,7 @@ def pod_template(
     main: dict[str, Any] = {
         "name": container,
         "image": image,
-        "env": pod_env(job, role),
+        "env": pod_env(job, role, uid),
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
@@ -287,7 +292,7 @@ def autoscaler_options() -> dict[str, Any]:
     return {"securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT), "volumeMounts": [mount]}
 
 
-def worker_group(job: RLJob, pool: Pool, image: str) -> dict[str, Any]:
+def worker_group(job: RLJob, pool: Pool, image: str, uid: str) -> dict[str, Any]:
     """One Ray worker group for a pool: its pods, the autoscaler's bounds, and the resource it offers."""
     size: RoleResources = getattr(job.spec.resources, pool.name)  # placement constraints and podTemplate
     return {
@@ -301,15 +306,18 @@ def worker_group(job: RLJob, pool: Pool, image: str) -> dict[str, Any]:
             role=pool.name,
             container="ray-worker",
             image=image,
-            resources=container_resources(pool),
+            resources=container_resources(pool, pool.ephemeral_storage),
             pool=size,
+            uid=uid,
         ),
     }
 
 
-def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str) -> dict[str, Any]:
+def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str, uid: str) -> dict[str, Any]:
     """The head: it runs the controller, and the actors the topology puts beside it (a reward without a pool)."""
     amounts = {"cpu": cpu, "memory": memory}
+    if pool.ephemeral_storage is not None:  # the environment workers run tool calls here (no reward pool)
+        amounts["ephemeral-storage"] = pool.ephemeral_storage
     return {
         "rayStartParams": {"dashboard-host": "0.0.0.0", **ray_start_params(pool)},
         "template": pod_template(
@@ -319,6 +327,7 @@ def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str) -> dic
             image=image,
             resources={"requests": dict(amounts), "limits": dict(amounts)},
             pool=job.spec.resources.head,
+            uid=uid,
         ),
     }
 
@@ -360,8 +369,8 @@ def build_rayjob(
         "rayVersion": ray_version,
         "authOptions": {"mode": "token", "secretName": names.ray_token_secret_name(owner.name)},
         "enableInTreeAutoscaling": elastic,
-        "headGroupSpec": head_group(job, topology.head, image, head_cpu, head_memory),
-        "workerGroupSpecs": [worker_group(job, pool, image) for pool in topology.worker_pools],
+        "headGroupSpec": head_group(job, topology.head, image, head_cpu, head_memory, owner.uid),
+        "workerGroupSpecs": [worker_group(job, pool, image, owner.uid) for pool in topology.worker_pools],
     }
     if elastic:  # KubeRay adds the autoscaler as a container of the head pod
         cluster["autoscalerOptions"] = autoscaler_options()

@@ -36,7 +36,7 @@ False with the API's message (`apply_failed`, written by the reconcile pass). A 
 named in status before it is created (the status is applied first), and
 the name comes from the name stored in status, so a pass that dies half-way is finished by the
 next one and never duplicates a RayJob. A spec change (compared with the spec in the ConfigMap,
-i.e. the one the RayJob runs) restarts the job from its checkpoint when safe (`specdiff`) and is
+i.e. the one the RayJob runs) restarts the job from its checkpoint when safe (`api/specdiff.py`) and is
 refused with SpecChangeRefused when not; the refused spec never reaches the ConfigMap. Fields the API
 server dropped from the applied manifest (typos) are reported as UnknownFields=True (pruned.py).
 """
@@ -49,13 +49,13 @@ from typing import Any
 from kuberl.api import ManifestError, RLJob, parse_rljob
 from kuberl.api.enums import TERMINAL_PHASES, ConditionReason, ConditionStatus, ConditionType, Phase
 from kuberl.api.spec import RunPolicy
+from kuberl.api.specdiff import runtime_spec_changed, unsafe_changes
 from kuberl.api.status import RLJobStatus, RuntimeReport
 from kuberl.operator import names
 from kuberl.operator.access import build_access, build_progress_configmap
 from kuberl.operator.builders import Owner, build_configmap, build_rayjob, configmap_spec, spec_manifest
 from kuberl.operator.pruned import pruned_fields
 from kuberl.operator.settings import OperatorSettings
-from kuberl.operator.specdiff import runtime_spec_changed, unsafe_changes
 from kuberl.operator.status import (
     RayJobState,
     find_condition,

@@ -41,13 +41,16 @@ def cpu_quantity(cpus: float) -> str:
     return f"{round(cpus * 1000)}m"
 
 
-def container_resources(pool: PodSize) -> dict[str, dict[str, Any]]:
-    """Requests equal limits (Guaranteed QoS): CPU, memory when set, and `nvidia.com/gpu` when the role has GPUs."""
+def container_resources(pool: PodSize, ephemeral_storage: str | None = None) -> dict[str, dict[str, Any]]:
+    """Requests equal limits (Guaranteed QoS): CPU, memory when set, `nvidia.com/gpu` when the role has GPUs, and
+    ephemeral storage when given (the pools that run tool calls, api/topology.py)."""
     amounts: dict[str, Any] = {"cpu": cpu_quantity(pool.cpus)}
     if pool.memory is not None:
         amounts["memory"] = pool.memory
     if pool.gpus > 0:
         amounts[GPU_RESOURCE] = pool.gpus
+    if ephemeral_storage is not None:
+        amounts["ephemeral-storage"] = ephemeral_storage
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 

@@ -20,7 +20,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from kuberl.runtime.health import JobFailed
+from kuberl.runtime.health import JobFailed, RunStopped
 
 
 class StepTimeoutError(JobFailed):
@@ -60,17 +60,21 @@ def current_deadline() -> StepDeadline | None:
     return _current.get()
 
 
-class WorkerLost(JobFailed):
-    """An actor died in the middle of a call: its process, or the pod it ran on, is gone."""
+class WorkerLost(RunStopped):
+    """An actor died in the middle of a call: its process, or the pod it ran on, is gone. Not the job's failure:
+    the run stops resumable (contract.ExitCode.RESUMABLE), and the restart resumes from the latest commit."""
 
 
 def bounded_get(refs: Any, waiting_for: str) -> Any:
     """ray.get(refs), bounded by the current step's deadline (if any); a dead actor is a WorkerLost.
 
     Ray returns from a get as soon as one ref fails, even while the other ranks wait for the dead one
-    inside a collective. A dead actor (its process, or the pod it ran on, is gone) becomes a JobFailed that
-    names the worker: the job exits naming its latest checkpoint, and the restart resumes from that commit
-    (a save the lost rank was writing never got its commit marker, so it is never adopted).
+    inside a collective. A dead actor (its process, or the pod it ran on, is gone) becomes a WorkerLost that
+    names the worker: the run exits resumable naming its latest checkpoint, and the restart resumes from that
+    commit (a save the lost rank was writing never got its commit marker, so it is never adopted). Nothing of
+    the step in progress can be saved then: each rank holds only its shard of the weights and optimiser
+    state, and the lost rank's went with it. (A pod that is asked to stop is another matter: Ray drains its
+    node first, and the driver saves the step before the node goes, checkpoint/preemption.py DrainWatcher.)
     """
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
@@ -84,7 +88,8 @@ def bounded_get(refs: Any, waiting_for: str) -> Any:
     except RayActorError as error:
         raise WorkerLost(
             f"{waiting_for}: {_dead_worker(refs)}'s actor died ({type(error).__name__}); its process or pod is "
-            "gone, so the job stops here and a restart resumes from the latest checkpoint"
+            "gone, and with it its shard of the step in progress, which no save can recover: the run stops "
+            "here, resumable, and a restart resumes from the latest checkpoint"
         ) from error
 
 

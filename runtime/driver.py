@@ -11,7 +11,9 @@
    each step `StepRecorder` writes the metrics (and hands them to Prometheus, telemetry.py, when a
    metrics port is set), saves when
    due (never after a NaN update), publishes the RLJob's status, stops the run after saving when SIGTERM
-   arrived, and fails it (JobFailed, exit 70) when runtime/health.py says training cannot go on.
+   arrived or Ray drains a node of a trainer rank (a worker pod asked to stop: checkpoint/preemption.py), and
+   fails it (JobFailed, exit 70) when runtime/health.py says training cannot go on. A rank lost outright
+   stops it resumable (deadline.py WorkerLost, exit 75) from the latest commit.
 5. The final checkpoint (the last step always saves) is exported as a Hugging Face model, beside the
    checkpoints when they are on a claim or an object store (`export_location`): on a cluster the model
    must outlive the pods.
@@ -25,14 +27,14 @@ from typing import Any
 
 import ray
 
-from kuberl.api import RLJob
+from kuberl.api import RLJob, contract
 from kuberl.runtime.checkpoint import CheckpointRef, PreemptionWatcher
 from kuberl.runtime.checkpoint.checkpointing import Checkpointing, CheckpointLocationError
 from kuberl.runtime.checkpoint.locations import checkpoint_uri, export_location
-from kuberl.runtime.checkpoint.preemption import stop_window_seconds
+from kuberl.runtime.checkpoint.preemption import DrainWatcher, stop_window_seconds
 from kuberl.runtime.data import DataError
 from kuberl.runtime.environments.registry import EnvironmentConfigError
-from kuberl.runtime.health import JobFailed, RunHealth
+from kuberl.runtime.health import RunHealth, RunStopped
 from kuberl.runtime.loop.async_controller import AsyncController
 from kuberl.runtime.loop.controller import Controller, StepResult
 from kuberl.runtime.loop.plan import RunConfigError, RunPlan, make_plan
@@ -77,12 +79,13 @@ class RunResult:
 
 
 class Preempted(Exception):
-    """SIGTERM arrived; the job saved what it had and stops to be resumed."""
+    """SIGTERM arrived, or Ray drains a node of a trainer rank; the job saved what it had and stops to be resumed."""
 
-    def __init__(self, step: int, checkpoint: CheckpointRef | None) -> None:
-        super().__init__(f"preempted after step {step}")
+    def __init__(self, step: int, checkpoint: CheckpointRef | None, reason: str = "a signal") -> None:
+        super().__init__(f"preempted after step {step}: {reason}")
         self.step = step
         self.checkpoint = checkpoint
+        self.reason = reason
 
 
 def controller_for(plan: RunPlan, groups: Groups) -> Controller:
@@ -106,8 +109,10 @@ class StepRecorder:
         reward: RewardPool,
         exporter: PrometheusExporter | None = None,
         trackers: Trackers | None = None,
+        drains: DrainWatcher | None = None,
     ) -> None:
         self.plan = plan
+        self.drains = drains
         self.exporter = exporter
         self.trackers = trackers or Trackers([])
         self.health = health
@@ -118,17 +123,25 @@ class StepRecorder:
         self.preemption = preemption
 
     def __call__(self, result: StepResult) -> None:
-        preempted = self.preemption.requested  # read once: the save and the stop decide on the same answer
+        stop = self.stop_reason()  # read once: the save and the stop decide on the same answer
+        preempted = stop is not None
         total = self.plan.total_steps
         final = result.step + 1 == total
         self.reporter.log_step(result.step, result.epoch, result.metrics)
         if self.exporter is not None:  # after metrics.jsonl has the step: a scrape never runs ahead of the file
             self.exporter.record(self.reporter.history[-1])
         self.trackers.record(self.reporter.history[-1])  # wandb and MLflow get the record metrics.jsonl just got
-        failure = self.health.observe(result.step + 1, result.metrics, self.reward.last_failure)
-        if self.health.may_checkpoint:  # never after a NaN step: keepLast would rotate out the good ones
+        failure = self.health.observe(result.step + 1, result.metrics, self.reward.last_failure, final=final)
+        # never after a NaN step (keepLast would rotate out the good ones), nor of a step that fails the job (a
+        # restart runs it again and judges it again, instead of finding a finished run to export)
+        if failure is None and self.health.may_checkpoint:
             self.checkpointing.after_step(
-                result.step, result.epoch, final=final, preempted=preempted, stopping=self.preemption
+                result.step,
+                result.epoch,
+                final=final,
+                preempted=preempted,
+                stopping=self.preemption,
+                state=self.health.state(),
             )
         latest = self.checkpointing.latest
         self.export_checkpoint()
@@ -144,8 +157,17 @@ class StepRecorder:
         )
         if failure is not None:
             raise failure
-        if preempted and not final:
-            raise Preempted(result.step + 1, latest)
+        if stop is not None and not final:
+            raise Preempted(result.step + 1, latest, stop)
+
+    def stop_reason(self) -> str | None:
+        """Why to save and stop after this step: a signal, or a trainer's node that Ray drains; None: go on."""
+        if self.preemption.requested:
+            return self.preemption.signal_name or "a signal"
+        drained = self.drains.draining() if self.drains is not None else None
+        if drained is not None:
+            log.warning("%s: saving a checkpoint after this step, then exiting", drained)
+        return drained
 
     def before_training(self, metrics: dict[str, float]) -> None:
         """The validation before the first step (training.validateBeforeTraining): the record of step 0 in
@@ -163,6 +185,13 @@ class StepRecorder:
         latest = self.checkpointing.latest
         if self.exporter is not None and latest is not None:
             self.exporter.checkpoint_committed(latest.step, latest.time.timestamp())
+
+
+def nodes_to_keep(groups: Groups) -> dict[str, list[str]]:
+    """The nodes the run loses a step with, each with who runs there: every model rank's, and the driver's."""
+    nodes = groups.model_nodes()
+    nodes.setdefault(ray.get_runtime_context().get_node_id(), []).insert(0, "the driver")
+    return nodes
 
 
 def run_job(
@@ -204,7 +233,7 @@ def _run(
     plan = make_plan(job, output_dir, base_dir, default_cache_dir())  # every check before anything is written
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "job.yaml").write_text(_yaml(job.to_manifest()), encoding="utf-8")
-    checkpointing = Checkpointing(job, output_dir)
+    checkpointing = Checkpointing(job, output_dir, uid=os.environ.get(contract.JOB_UID_ENV) or None)
     resume_from = checkpointing.start_point(restart)  # before any actor: a refusal costs no compute
     trackers = open_trackers(job, output_dir, checkpoint_uri(job, output_dir.resolve()))  # a bad key fails here
     started_ray = start_ray(address, plan.topology)
@@ -216,6 +245,7 @@ def _run(
     try:
         with PreemptionWatcher(window_seconds=stop_window_seconds(os.environ)) as preemption:
             groups = start_groups(plan)
+            drains = DrainWatcher(nodes_to_keep(groups))
             start_step = checkpointing.begin(groups, resume_from)
             reporter = RunReporter(
                 output_dir,
@@ -225,8 +255,9 @@ def _run(
                 max_new_tokens=job.spec.max_response_tokens,  # an episode: maxEpisodeTokens
             )
             health = RunHealth.from_spec(job.spec)
+            health.restore(checkpointing.resumed_state)  # the reward window of the checkpoint it resumes
             recorder = StepRecorder(
-                plan, checkpointing, reporter, publisher, preemption, health, groups.reward, exporter, trackers
+                plan, checkpointing, reporter, publisher, preemption, health, groups.reward, exporter, trackers, drains
             )
             recorder.export_checkpoint()  # the one resumed from
             try:
@@ -235,8 +266,8 @@ def _run(
                 if before is not None:
                     recorder.before_training(before)
                 controller.run(start_step, recorder)
-            except JobFailed as failure:  # status.lastCheckpoint names the same one
-                raise failure.with_checkpoint(checkpointing.latest) from None
+            except RunStopped as stop:  # a failure, or a lost rank; status.lastCheckpoint names the same one
+                raise stop.with_checkpoint(checkpointing.latest) from None
             finally:
                 plot = reporter.close()
         exported = checkpointing.export(export_location(job, output_dir)) if job.spec.checkpoint.export_hf else None

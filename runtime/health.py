@@ -1,8 +1,10 @@
 """Whether a run is still worth running, judged after every step: non-finite updates and failing rewards.
 
     health = RunHealth.from_spec(job.spec)
+    health.restore(checkpointing.resumed_state)              # a resumed run goes on with the window it saved
     failure = health.observe(step, metrics, reward_error)   # None, or the JobFailed that ends the job
     health.may_checkpoint                                    # False while non-finite steps are in a row
+    health.state()                                           # saved with each checkpoint
 
 Pure: fed one step's metrics at a time, no clock, no I/O. The driver (runtime/main.py) saves a
 checkpoint only when `may_checkpoint`, so `checkpoint.keepLast` never rotates out the checkpoints from
@@ -15,7 +17,12 @@ with any skipped update counts; `training.maxNonFiniteSteps` of them in a row fa
 
 Reward failures. A sample whose reward failed (raised, timed out, returned no finite number) scores
 0.0 and teaches nothing. Over the last `reward.failureWindowSteps` steps, a failed share above
-`reward.maxFailureFraction` fails the job with a reason that names the reward, once the window is full.
+`reward.maxFailureFraction` fails the job with a reason that names the reward, once the window is full,
+and at the run's last step over the steps it has: a run shorter than the window is judged too, so a job
+whose rewards all failed never ends as a success with an exported model. The window is saved with each
+checkpoint (`state`), so a resumed run judges the same steps as one that never stopped.
+The driver saves no checkpoint of a step that fails the job: a restart runs that step again and judges it
+again, instead of finding a finished run to export.
 """
 
 from collections import deque
@@ -25,17 +32,23 @@ from typing import Any
 
 from kuberl.api.spec import RewardSpec, RLJobSpec
 
+#: The key of the reward window in a checkpoint's train state.
+REWARD_WINDOW_KEY = "reward_failure_window"
 #: Per-step metrics (updates.py) with the share of optimiser updates skipped for a non-finite loss or norm.
 SKIPPED_UPDATE_METRICS = ("actor/update_skipped", "critic/update_skipped")
 
 
-class JobFailed(RuntimeError):
-    """The job cannot go on: the message says why and names the spec field that set the limit."""
+class RunStopped(RuntimeError):
+    """The run stops here: the message says why. The driver adds the newest committed checkpoint to it."""
 
-    def with_checkpoint(self, ref: Any) -> "JobFailed":
-        """The same failure, naming the newest committed checkpoint (a CheckpointRef, or None)."""
+    def with_checkpoint(self, ref: Any) -> "RunStopped":
+        """The same stop, naming the newest committed checkpoint (a CheckpointRef, or None)."""
         kept = f"the latest checkpoint, kept: {ref.uri} (step {ref.step})" if ref else "no checkpoint was saved"
         return type(self)(f"{self}; {kept}")
+
+
+class JobFailed(RunStopped):
+    """The job cannot go on: the message says why and names the spec field that set the limit."""
 
 
 class NonFiniteUpdatesError(JobFailed):
@@ -87,9 +100,16 @@ class RewardFailures:
     def __post_init__(self) -> None:
         self.steps = deque(maxlen=self.window)
 
-    def observe(self, step: int, metrics: Mapping[str, float], example: str | None) -> RewardFailureError | None:
+    def restore(self, steps: list[list[float]]) -> None:
+        """The window as a checkpoint saved it: (failed, scored) of its last steps, oldest first."""
+        self.steps.extend((float(failed), float(scored)) for failed, scored in steps)
+
+    def observe(
+        self, step: int, metrics: Mapping[str, float], example: str | None, final: bool = False
+    ) -> RewardFailureError | None:
+        """Takes in step `step`; judged once the window is full, and at the run's `final` step whatever it holds."""
         self.steps.append((metrics.get("reward/failed", 0.0), metrics.get("reward/samples", self.samples_per_step)))
-        if len(self.steps) < self.window:
+        if len(self.steps) < self.window and not final:
             return None
         failed, scored = sum(f for f, _ in self.steps), sum(n for _, n in self.steps)
         if not failed / scored > self.max_fraction:
@@ -97,7 +117,7 @@ class RewardFailures:
         last = f"; the last failure: {example}" if example else ""
         return RewardFailureError(
             f"reward {self.name} failed on {failed:g} of {scored:g} samples ({failed / scored:.0%}) in steps "
-            f"{step - self.window + 1} to {step}, more than spec.reward.maxFailureFraction "
+            f"{step - len(self.steps) + 1} to {step}, more than spec.reward.maxFailureFraction "
             f"({self.max_fraction:g}){last}"
         )
 
@@ -120,9 +140,19 @@ class RunHealth:
             ),
         )
 
-    def observe(self, step: int, metrics: Mapping[str, float], reward_error: str | None = None) -> JobFailed | None:
-        """Takes in step `step` (1-based); the failure that ends the job, or None."""
-        return self.non_finite.observe(step, metrics) or self.rewards.observe(step, metrics, reward_error)
+    def observe(
+        self, step: int, metrics: Mapping[str, float], reward_error: str | None = None, *, final: bool = False
+    ) -> JobFailed | None:
+        """Takes in step `step` (1-based), `final` when it is the run's last; the failure that ends the job, or None."""
+        return self.non_finite.observe(step, metrics) or self.rewards.observe(step, metrics, reward_error, final)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the run's health: the reward window (a run of NaN steps is never saved)."""
+        return {REWARD_WINDOW_KEY: [list(step) for step in self.rewards.steps]}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Goes on from a checkpoint's `state` (a checkpoint an older kuberl wrote has none: an empty window)."""
+        self.rewards.restore(state.get(REWARD_WINDOW_KEY, []))
 
     @property
     def may_checkpoint(self) -> bool:

@@ -20,6 +20,7 @@ from kuberl.api.contract import ExitCode, RuntimeArgs, parse_runtime_args
 
 def run_from_cli(args: RuntimeArgs) -> int:
     from kuberl.runtime.checkpoint.locations import default_output_dir
+    from kuberl.runtime.deadline import WorkerLost
     from kuberl.runtime.driver import CONFIGURATION_ERRORS, Preempted, run_job
     from kuberl.runtime.health import JobFailed
 
@@ -47,10 +48,14 @@ def run_from_cli(args: RuntimeArgs) -> int:
     except JobFailed as failure:
         print(f"kuberl run: the job failed: {failure}", file=sys.stderr)
         return ExitCode.JOB_FAILED
+    except WorkerLost as lost:
+        again = "run again" if job.spec.checkpoint.resume else "run again with --resume"
+        print(f"kuberl run: stopped: {lost}; {again} to resume", file=sys.stderr)
+        return ExitCode.RESUMABLE
     except Preempted as stop:
         where = stop.checkpoint.uri if stop.checkpoint else "nowhere (checkpoint.saveOnPreemption is false)"
         again = "run again" if job.spec.checkpoint.resume else "run again with --resume"
-        print(f"kuberl run: stopped by a signal after step {stop.step}; saved to {where}; {again} to resume")
+        print(f"kuberl run: stopped ({stop.reason}) after step {stop.step}; saved to {where}; {again} to resume")
         return ExitCode.RESUMABLE
     if not result.history:
         print(f"nothing to do: {output} already holds the finished run ({result.steps} steps)")

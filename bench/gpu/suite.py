@@ -20,7 +20,8 @@ and -1.5B shapes with random weights (`qwen.py`), built into --workdir first.
   against a device-to-device copy (<= 1.5x); rollout is kuberl's `generate` against raw `LLM.generate` (>= 95%).
 - grpo step: `bench/vs_trl.py --device cuda` on the smallest model, kuberl against TRL's best mode (needs TRL,
   vLLM and Ray).
-- multi-GPU items (a 2-rank update, a separate rollout pool) run only with 2+ GPUs.
+- multi-GPU items run only with 2+ GPUs: a 2-rank update, and (with vLLM) the colocated engine split over 2 GPUs
+  against one whole engine (rollout tokens/s, the sync, greedy agreement before and after it).
 """
 
 import argparse
@@ -43,7 +44,7 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))  # kuberl itself: the venv's editable install, or run.sh's PYTHONPATH
 
 from qwen import QWEN25, build_model, peak_flops, qwen25_config, shape, smoke_config, update_flops  # noqa: E402
-from table import SKIPPED, Row, failed, format_table, judge, skipped  # noqa: E402
+from table import FAILED, SKIPPED, Row, failed, format_table, judge, skipped  # noqa: E402
 from workloads import PACKING, SMOKE, SMOKE_PACKING, UPDATE, Workload  # noqa: E402
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -66,7 +67,8 @@ def planned_items(sizes: list[str], gpus: int) -> list[tuple[str, str]]:
     """(item, model) in the order they run; what --dry-run prints."""
     items = [(item, sizes[-1] if workload == "update" else sizes[0]) for item, workload in trainer_items()]
     items += [(item, size) for size in sizes for item in VLLM_ITEMS]
-    items += [("grpo step vs TRL", sizes[0]), ("fsdp2 nccl, 2 ranks", sizes[-1]), ("separate rollout pool", sizes[0])]
+    items += [("grpo step vs TRL", sizes[0]), ("fsdp2 nccl, 2 ranks", sizes[-1]), ("colocated vLLM, TP 2", sizes[-1])]
+    items += [("separate rollout pool", sizes[0])]
     return items
 
 
@@ -95,7 +97,8 @@ def dry_run_rows(sizes: list[str], reason: str) -> list[Row]:
     return rows
 
 
-def job_spec(model_dir: Path, gpu_share: float = 0.4, max_new_tokens: int = 256):
+def job_spec(model_dir: Path, gpu_share: float = 0.4, max_new_tokens: int = 256, tensor_parallel: int = 1):
+    """The job the vLLM rows run: its engine colocated, split over `tensor_parallel` of the actor's GPUs."""
     from kuberl.api import parse_rljob
 
     manifest = {
@@ -106,8 +109,13 @@ def job_spec(model_dir: Path, gpu_share: float = 0.4, max_new_tokens: int = 256)
             "models": {"actor": {"path": str(model_dir), "dtype": "bfloat16"}},
             "data": {"train": "/data/train.jsonl", "maxPromptLength": 256},
             "reward": {"function": "math_exact"},
-            "rollout": {"engine": "vllm", "maxNewTokens": max_new_tokens, "gpuMemoryUtilization": gpu_share},
-            "resources": {"actor": {"gpus": 1}},
+            "rollout": {
+                "engine": "vllm",
+                "maxNewTokens": max_new_tokens,
+                "gpuMemoryUtilization": gpu_share,
+                "tensorParallelSize": tensor_parallel,
+            },
+            "resources": {"actor": {"gpus": tensor_parallel}},
         },
     }
     return parse_rljob(manifest).spec
@@ -255,21 +263,124 @@ def _two_rank_update(rank: int, model_dir: str, port: int, out: dict) -> None:
         out["seconds"] = timing.seconds
 
 
-def two_rank_rows(model_dir: Path, size: str, gpus: int) -> list[Row]:
-    reason = multi_gpu_reason(gpus)
-    if reason:
-        return [skipped("fsdp2 nccl, 2 ranks", size, reason), skipped("separate rollout pool", size, reason)]
-    import torch.multiprocessing as mp
+def _split_engine_rank(
+    rank: int, world: int, model_dir: str, port: int, out: dict, device_type: str = "cuda", prompts: int = 64
+) -> None:
+    """One trainer rank holding its shard of a colocated vLLM engine split `world` ways (the hybrid engine at
+    rollout.tensorParallelSize: world, vLLM's external launcher in the trainer's process group): greedy answers,
+    an in-place sync of perturbed bf16 weights (what each rank gathers from FSDP), the answers again. (With
+    device_type "cpu" and a tiny model it runs on vLLM's CPU build: how this function was checked off a GPU.)"""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)  # each rank sees its own GPU, as a Ray worker does
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    from kuberl.runtime.engines.base import SamplingParams
+    from kuberl.runtime.engines.fsdp import process_group_backend
+    from kuberl.runtime.engines.vllm import VLLMRolloutEngine
+
+    cuda = device_type == "cuda"
+    device = torch.device(device_type, 0) if cuda else torch.device("cpu")
+    synchronize = torch.cuda.synchronize if cuda else lambda: None
+    if cuda:
+        torch.cuda.set_device(device)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(process_group_backend(device_type), rank=rank, world_size=world)
+    engine = VLLMRolloutEngine.create(job_spec(Path(model_dir), tensor_parallel=world), model_dir, device)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+        batch = [torch.randint(3, min(vocab, 500), (128,), generator=generator).tolist() for _ in range(prompts)]
+        params = SamplingParams(temperature=0.0, max_new_tokens=128)
+        timed: dict[str, float] = {}
+
+        def answers(when: str) -> list[list[int]]:
+            synchronize()
+            started = time.perf_counter()
+            tokens = [generations[0].token_ids for generations in engine.generate(batch, params)]
+            timed[when] = time.perf_counter() - started
+            return tokens
+
+        answers("warm-up")
+        before = answers("before")
+        trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+        noise = torch.Generator().manual_seed(5)  # the same perturbation on every rank
+        weights = [
+            (name, (p.detach().float() + 0.02 * torch.randn(p.shape, generator=noise).to(device)).to(p.dtype))
+            for name, p in trainer.named_parameters()
+        ]
+        synchronize()
+        started = time.perf_counter()
+        engine.load_weights(iter(weights))
+        synchronize()
+        sync_s = time.perf_counter() - started
+        after = answers("after")
+    finally:
+        engine.shutdown()  # vLLM's teardown destroys the default process group too
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    tokens = sum(len(answer) for answer in before)
+    out[(world, rank)] = {"before": before, "after": after, "tps": tokens / timed["before"], "sync_s": sync_s}
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> float:
+    """The share of greedy tokens that agree, each answer up to its first difference (bf16 sums in another
+    order may pick another token at a near tie, and everything after it differs)."""
+    same = total = 0
+    for a, b in zip(ours, theirs, strict=True):
+        total += max(len(a), len(b))
+        for x, y in zip(a, b, strict=False):  # to the shorter answer
+            if x != y:
+                break
+            same += 1
+    return same / max(total, 1)
+
+
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
-        port = sock.getsockname()[1]
+        return sock.getsockname()[1]
+
+
+def split_engine_row(model_dir: Path, size: str) -> Row:
+    """The colocated engine split over 2 GPUs against one whole engine, in the same run: rollout tokens/s (the
+    value), the sync, and how far the greedy answers agree before and after it. The two ranks of the split
+    engine must answer alike (they generate together); otherwise the row FAILs."""
+    import torch.multiprocessing as mp
+
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_two_rank_update, args=(str(model_dir), port, out), nprocs=2)
+        mp.spawn(_split_engine_rank, args=(1, str(model_dir), free_port(), out), nprocs=1)
+        mp.spawn(_split_engine_rank, args=(2, str(model_dir), free_port(), out), nprocs=2)
+        one, first, second = out[(1, 0)], out[(2, 0)], out[(2, 1)]
+    if (first["before"], first["after"]) != (second["before"], second["after"]):
+        return Row("colocated vLLM, TP 2", size, status=FAILED, note="the two ranks of one engine answered apart")
+    note = (
+        f"greedy tokens agreeing with TP 1: {agreement(first['before'], one['before']):.0%} before the sync, "
+        f"{agreement(first['after'], one['after']):.0%} after; sync {first['sync_s']:.2f} s (TP 1 "
+        f"{one['sync_s']:.2f} s); 64 x 128 tokens"
+    )
+    return Row("colocated vLLM, TP 2", size, first["tps"], "tok/s", one["tps"], "TP 1", note=note)
+
+
+def two_rank_rows(model_dir: Path, size: str, gpus: int) -> list[Row]:
+    reason = multi_gpu_reason(gpus)
+    vllm_reason = reason or ("vLLM is not installed here" if missing_modules("vllm") else None)
+    if reason:
+        return [
+            skipped("fsdp2 nccl, 2 ranks", size, reason),
+            skipped("colocated vLLM, TP 2", size, reason),
+            skipped("separate rollout pool", size, reason),
+        ]
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_two_rank_update, args=(str(model_dir), free_port(), out), nprocs=2)
         seconds = out["seconds"]
     return [
         Row("fsdp2 nccl, 2 ranks", size, seconds, "s/update", note="32 x 1024 tokens over 2 GPUs"),
+        skipped("colocated vLLM, TP 2", size, vllm_reason) if vllm_reason else split_engine_row(model_dir, size),
         skipped("separate rollout pool", size, "not yet in this suite (tests/integration covers it on CPU)"),
     ]
 

@@ -270,13 +270,6 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{ACTOR}.optim.min_lr_ratio": Lose("kuberl's cosine schedule decays to 0", True),
     f"{ACTOR}.optim.num_cycles": Lose("kuberl's cosine is half a cycle", True, lambda value: value == 0.5),
     # lost: what issue #21's second part adds (how it trains: memory, speed, the engine)
-    f"{ROLLOUT}.tensor_model_parallel_size": Lose(
-        "the converted job's engine is colocated, one per rank on that rank's GPU; kuberl splits an engine only "
-        "on a rollout pool of its own (set rollout.placement: separate, rollout.tensorParallelSize and "
-        "resources.rollout.gpus to it)",
-        False,
-        _one,
-    ),
     f"{ROLLOUT}.enforce_eager": Lose(ENGINE_ARGS + " (kuberl captures CUDA graphs on GPU)", False),
     f"{ROLLOUT}.free_cache_engine": Lose(ENGINE_ARGS + " (kuberl frees it on GPU)", False, lambda v: v is True),
     f"{ROLLOUT}.max_num_batched_tokens": Lose(ENGINE_ARGS, False, lambda value: False),

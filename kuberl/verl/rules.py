@@ -133,6 +133,22 @@ def resources_rule(config: Config) -> Derived:
     return Derived(fields={"resources.actor": {"replicas": nodes, "gpus": gpus}})
 
 
+def tensor_parallel_rule(config: Config) -> Derived:
+    """rollout.tensor_model_parallel_size: verl's hybrid engine splits the colocated vLLM engine over that many of
+    the actor's GPUs (vLLM's external launcher), and so does kuberl's (rollout.tensorParallelSize, colocated); a
+    group of them stays in one node, so it must divide the node's GPUs, as verl requires too."""
+    size, gpus = int(config[f"{ROLLOUT}.tensor_model_parallel_size"]), int(config["trainer.n_gpus_per_node"])
+    if size == 1:
+        return Derived()
+    if config.get(f"{ROLLOUT}.name") == "hf":
+        why = "kuberl's hf engine runs whole on each rank; only its vLLM engine splits"
+    elif gpus % size == 0:
+        return Derived(fields={"rollout.tensorParallelSize": size})
+    else:
+        why = f"an engine split {size} ways spans {size} GPUs of one node; a node has {gpus} (trainer.n_gpus_per_node)"
+    return Derived(lost=[_lost(config, f"{ROLLOUT}.tensor_model_parallel_size", why, False)])
+
+
 def tracking_rule(config: Config) -> Derived:
     """trainer.logger's wandb and mlflow -> spec.tracking, with verl's project and experiment names."""
     out = Derived()
@@ -451,6 +467,7 @@ JOINT_KEYS: dict[Callable[[Config], Derived], tuple[str, ...]] = {
     multi_turn_rule: (f"{MULTI_TURN}enable",),
     data_rule: ("data.filter_overlong_prompts", "data.truncation"),
     resources_rule: ("trainer.nnodes", "trainer.n_gpus_per_node"),
+    tensor_parallel_rule: (f"{ROLLOUT}.tensor_model_parallel_size",),
     tracking_rule: ("trainer.logger", "trainer.project_name", "trainer.experiment_name"),
     schedule_rule: (f"{ACTOR}.optim.lr_warmup_steps", f"{ACTOR}.optim.lr_warmup_steps_ratio"),
     mini_batch_rule: (f"{ACTOR}.ppo_mini_batch_size",),

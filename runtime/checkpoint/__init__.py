@@ -2,8 +2,9 @@
 
 Driver (the controller):
 
-    store = CheckpointStore(uri, keep_last)               # removes what a crashed save left
+    store = CheckpointStore(uri, keep_last)               # changes nothing there
     ref = store.latest()                                  # newest valid checkpoint, or None
+    store.claim(owner); store.remove_unfinished()         # once it is known to be this job's (checkpointing.py)
     ... ranks: load_trainer_state(trainer, ref.uri, "actor", rank)
     if should_save(step, last_step, last_time, time.monotonic(), spec, final, preemption.requested):
         location = store.begin(step)

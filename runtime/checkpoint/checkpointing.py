@@ -1,22 +1,37 @@
 """The driver's side of checkpoint-resume: where a run starts, when it saves, the commit, the export.
 
-checkpointing = Checkpointing(job, output_dir)
+checkpointing = Checkpointing(job, output_dir, uid)
 ref = checkpointing.start_point(restart)       # before any actor exists: a refusal costs nothing
 step = checkpointing.begin(groups, ref)        # every trainer loads `ref`; the step to start from
-checkpointing.after_step(step, epoch, final=..., preempted=...)   # each rank writes its shards, then the commit
+checkpointing.resumed_state                    # the driver's own part of the train state it saved (run health)
+checkpointing.after_step(step, epoch, final=..., preempted=..., state=...)  # each rank writes its shards, the commit
 checkpointing.export(destination)              # the latest checkpoint's actor as a Hugging Face folder
+
+Whose checkpoints. A location belongs to one RLJob, recorded before its first save (store.py `owner.json`):
+its namespace, name and, on Kubernetes, its uid (the operator hands it over, contract.JOB_UID_ENV). A job
+deleted and created again under the same name has another uid: it is another job, and is refused the earlier
+one's checkpoints with a message saying how to start over or to take them over on purpose. Where a uid is
+unknown on either side (`kuberl run`; checkpoints an older kuberl wrote, which have no record: their latest
+job.yaml names the job) namespace and name decide. A run that resumes is also held to the spec its checkpoint
+was written under (api/specdiff.py `resume_problems`, the operator's own rules for a running job's spec
+change): a different actor model or algorithm never continues another's weights. Nothing at a location is
+changed until it is known to be this job's: then it is claimed, and what this job's crashed saves left is
+removed.
 """
 
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kuberl.api import RLJob
-from kuberl.runtime.checkpoint.locations import checkpoint_uri
+from kuberl.api import ManifestError, RLJob, parse_rljob
+from kuberl.api.specdiff import resume_problems
+from kuberl.runtime.checkpoint.locations import checkpoint_uri, job_folder_on_claim
 from kuberl.runtime.checkpoint.policy import Start, should_save, start_from
 from kuberl.runtime.checkpoint.preemption import PreemptionWatcher
-from kuberl.runtime.checkpoint.store import CheckpointRef, CheckpointStore
+from kuberl.runtime.checkpoint.store import JOB_MANIFEST, OWNER, CheckpointRef, CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +39,25 @@ log = logging.getLogger(__name__)
 class CheckpointLocationError(ValueError):
     """The job cannot use its checkpoint location (another job's, or saved work it was told not to resume);
     the message names the field and what to do."""
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Which RLJob a run is, or wrote a checkpoint location: namespace and name, and its uid when known."""
+
+    namespace: str | None
+    name: str | None
+    uid: str | None = None  # metadata.uid on Kubernetes; None for `kuberl run` and for an older kuberl's checkpoints
+
+    @property
+    def path(self) -> str:
+        return "/".join(part for part in (self.namespace, self.name) if part) or "an unnamed job"
+
+    def is_same_job(self, other: "JobIdentity") -> bool:
+        """Same namespace and name, and the same uid unless one side does not know it."""
+        if (self.namespace, self.name) != (other.namespace, other.name):
+            return False
+        return self.uid is None or other.uid is None or self.uid == other.uid
 
 
 class TrainerGroups(Protocol):
@@ -43,8 +77,9 @@ class Checkpointing:
     checkpoint into the trainers once the groups are up.
     """
 
-    def __init__(self, job: RLJob, output_dir: Path) -> None:
+    def __init__(self, job: RLJob, output_dir: Path, uid: str | None = None) -> None:
         self.job = job
+        self.identity = JobIdentity(job.metadata.namespace, job.metadata.name, uid)
         self.spec = job.spec.checkpoint
         self.store = CheckpointStore(checkpoint_uri(job, output_dir), self.spec.keep_last)
         self.groups: TrainerGroups | None = None
@@ -52,12 +87,14 @@ class Checkpointing:
         self.last_time = time.monotonic()
         self.latest: CheckpointRef | None = None
         self.last_save_seconds: float | None = None  # how long the last save took, for the stop window's outlook
+        self.resumed_state: dict[str, Any] = {}  # the train state of the checkpoint resumed from ({}: fresh)
 
     def start_point(self, restart: bool) -> CheckpointRef | None:
-        """The checkpoint the run resumes from, None to start fresh; refuses to start over saved work."""
+        """The checkpoint the run resumes from, None to start fresh; refuses another job's location, saved work
+        it was told not to resume, and a checkpoint its spec cannot resume. Only then is the location claimed
+        and cleaned of this job's crashed saves."""
         ref = self.store.latest()
-        if ref is not None:
-            self.refuse_another_jobs(ref)
+        self.refuse_another_jobs(ref)
         start = start_from(ref is not None, self.spec, restart)
         if start == Start.REFUSE:
             assert ref is not None
@@ -66,19 +103,75 @@ class Checkpointing:
                 "point spec.checkpoint.uri (or --output) at an empty location, remove them, or pass --resume "
                 "to carry on from them"
             )
+        if start == Start.RESUME:
+            assert ref is not None
+            self.refuse_a_spec_that_cannot_resume(ref)
+        self.store.claim(asdict(self.claimant()))
+        self.store.remove_unfinished()
         return ref if start == Start.RESUME else None
 
-    def refuse_another_jobs(self, ref: CheckpointRef) -> None:
-        """A location holding another RLJob's checkpoints is not resumed from, nor saved into."""
-        theirs = self.store.job_of(ref)
-        mine = (self.job.metadata.namespace, self.job.metadata.name)
-        if theirs != mine:
-            owner = "/".join(part for part in theirs if part) or "an unnamed job"
+    def owner(self, ref: CheckpointRef | None) -> JobIdentity | None:
+        """The RLJob the location belongs to: its record, else (an older kuberl's checkpoints) the job that
+        committed the latest checkpoint; None for a location no job has saved into."""
+        record = self.store.owner()
+        if record is not None:
+            return JobIdentity(**record)
+        if ref is not None:
+            return JobIdentity(*self.store.job_of(ref))
+        return None
+
+    def claimant(self) -> JobIdentity:
+        """What this job records as the location's owner: itself, keeping a uid it does not know but the record
+        does (a `kuberl run` over a cluster job's folder)."""
+        known = self.store.owner()
+        uid = self.identity.uid or (known or {}).get("uid")
+        return JobIdentity(self.identity.namespace, self.identity.name, uid)
+
+    def refuse_another_jobs(self, ref: CheckpointRef | None) -> None:
+        """A location holding another RLJob's checkpoints (or save in progress) is not resumed from, nor saved into,
+        nor cleaned: nothing there is touched."""
+        theirs, mine = self.owner(ref), self.identity
+        if theirs is None or theirs.is_same_job(mine):
+            return
+        held = f"up to step {ref.step}" if ref is not None else "none committed yet: a save may be under way"
+        if theirs.path != mine.path:
             raise CheckpointLocationError(
-                f"{self.store.uri} holds the checkpoints of RLJob {owner} (up to step {ref.step}), not of this "
-                f"job ({'/'.join(part for part in mine if part)}); give this job a location of its own "
-                "(spec.checkpoint.uri, or --output)"
+                f"{self.store.uri} holds the checkpoints of RLJob {theirs.path} ({held}), not of this job "
+                f"({mine.path}); give this job a location of its own (spec.checkpoint.uri, or --output)"
             )
+        raise CheckpointLocationError(
+            f"{self.store.uri} holds the checkpoints of an earlier RLJob {theirs.path} (uid {theirs.uid}, {held}), "
+            f"deleted since: this RLJob (uid {mine.uid}) has its name but is another job, and does not resume "
+            f"another job's run. To start over, {self.fresh_start()}. To carry on from those checkpoints on "
+            f"purpose, remove {self.store.root.child(OWNER).uri} (the record of the job that wrote them): the "
+            "next start takes them over, if this job's spec can resume them"
+        )
+
+    def refuse_a_spec_that_cannot_resume(self, ref: CheckpointRef) -> None:
+        """The checkpoint was written under a spec whose state this job's cannot take (api/specdiff.py)."""
+        where = f"{ref.uri}/{JOB_MANIFEST}"
+        try:
+            saved = parse_rljob(self.store.manifest_of(ref), where).spec
+        except ManifestError as error:
+            raise CheckpointLocationError(
+                f"the spec the checkpoint of step {ref.step} was written under cannot be read by this kuberl, so "
+                f"whether this job may resume it is unknown: {error}. To start over, {self.fresh_start()}"
+            ) from None
+        problems = resume_problems(saved, self.job.spec)
+        if problems:
+            raise CheckpointLocationError(
+                f"{self.store.uri} holds checkpoints up to step {ref.step} that this job's spec cannot resume: "
+                f"{'; '.join(problems)}. To start over, {self.fresh_start()}"
+            )
+
+    def fresh_start(self) -> str:
+        """How a job refused a location starts over, keeping what is there."""
+        if self.job.spec.checkpoint.uri:
+            return f"point spec.checkpoint.uri at an empty location, or remove {self.store.uri}"
+        if self.job.spec.checkpoint.pvc_claim_name:
+            folder = job_folder_on_claim(self.job)
+            return f"give this job another name, or remove {folder} (the checkpoints, exported model and metrics there)"
+        return f"run it with another --output, or remove {self.store.uri}"
 
     def begin(self, groups: TrainerGroups, ref: CheckpointRef | None) -> int:
         """Load `ref` into every trainer of `groups`; the step to start from (0: fresh)."""
@@ -88,13 +181,22 @@ class Checkpointing:
         for group in groups.trainers:
             group.call("load_checkpoint", ref.uri)
         state = self.store.load_train_state(ref)
+        self.resumed_state = state
         self.last_step, self.latest = int(state["step"]), ref
         log.info("resumed from the checkpoint of step %d: %s", self.last_step, ref.uri)
         return self.last_step
 
     def after_step(
-        self, step: int, epoch: int, *, final: bool, preempted: bool, stopping: PreemptionWatcher | None = None
+        self,
+        step: int,
+        epoch: int,
+        *,
+        final: bool,
+        preempted: bool,
+        stopping: PreemptionWatcher | None = None,
+        state: Mapping[str, Any] | None = None,
     ) -> None:
+        """Saves after `step` when due; `state` is the driver's own to keep with it (`resumed_state` on resume)."""
         done = step + 1
         if not should_save(done, self.last_step, self.last_time, time.monotonic(), self.spec, final, preempted):
             return
@@ -105,7 +207,8 @@ class Checkpointing:
         assert self.groups is not None
         for group in self.groups.trainers:  # each group's ranks write their own models' shards
             group.call("save_checkpoint", location)
-        self.latest = self.store.commit(location, done, {"step": done, "epoch": epoch}, self.job.to_manifest())
+        train_state = {**(state or {}), "step": done, "epoch": epoch}
+        self.latest = self.store.commit(location, done, train_state, self.job.to_manifest())
         self.last_step, self.last_time = done, time.monotonic()
         self.last_save_seconds = self.last_time - started
 

@@ -10,6 +10,15 @@ change or deletion), which sends SIGKILL RAY_JOB_STOP_WAIT_TIME_S later (3 s unl
 the operator puts spec.runPolicy.stopGracePeriodSeconds there). The watcher knows that window and says,
 before the save, whether the save is likely to fit it; a save cut off leaves no commit marker, so the
 restart resumes from the previous commit and never adopts it.
+
+A worker pod that Kubernetes stops (an eviction, a node drain) is noticed too, though no signal reaches the
+driver: its first process is `ray start --block` (KubeRay's command; bash execs the last command of its -c
+string), which on SIGTERM marks its node draining, for preemption, and keeps the node's processes running
+for RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S before it kills them (Ray 2.60, python/ray/_private/node.py
+`_drain_node_before_shutdown`; the operator sets that window to the job's stop window, api/contract.py).
+`DrainWatcher` asks the GCS after each step whether a node the run cannot lose (a trainer's, the driver's)
+is draining; if so the driver saves that step and exits resumable as for SIGTERM. A node gone before the
+step ends loses its ranks' shards of it: runtime/deadline.py WorkerLost.
 """
 
 import logging
@@ -28,6 +37,8 @@ log = logging.getLogger(__name__)
 RAY_JOB_MARKER_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 #: Ray's wait between SIGTERM and SIGKILL when RAY_JOB_STOP_WAIT_TIME_S is not set.
 RAY_DEFAULT_STOP_WAIT_SECONDS = 3.0
+#: How long the driver waits for the GCS's list of draining nodes before it trains on without it.
+DRAINING_NODES_TIMEOUT_SECONDS = 10.0
 
 
 def stop_window_seconds(environ: Mapping[str, str]) -> float | None:
@@ -119,3 +130,45 @@ class PreemptionWatcher:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+
+def draining_nodes() -> dict[str, int]:
+    """Node id (hex) -> the time Ray will stop it (ms since the epoch, 0: none given) of every node the GCS
+    lists as draining. Ray has no public call for it: its GcsClient's `get_draining_nodes`, as Ray Serve's
+    controller reads it (ray 2.60, serve/_private/cluster_node_info_cache.py)."""
+    import ray
+
+    client = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]  # set by ray.init
+    listed = client.get_draining_nodes(timeout=DRAINING_NODES_TIMEOUT_SECONDS)
+    return {node if isinstance(node, str) else node.hex(): int(deadline) for node, deadline in listed.items()}
+
+
+class DrainWatcher:
+    """Whether Ray is draining a node the run cannot lose in the middle of a step: a pod asked to stop.
+
+    `nodes` maps each such node's id to what of the run lives there ("actor worker 1"). Elastic pools'
+    nodes are not watched: the reward and rollout pools take a lost worker's work elsewhere, and the
+    autoscaler drains only idle nodes.
+    """
+
+    def __init__(self, nodes: Mapping[str, list[str]]) -> None:
+        self.nodes = {node: list(what) for node, what in nodes.items()}
+        self._warned = False
+
+    def draining(self) -> str | None:
+        """What of the run is on a node being drained, and how long Ray gives it; None when nothing is."""
+        try:
+            listed = draining_nodes()
+        except Exception as error:  # noqa: BLE001 - no answer from the GCS is no reason to stop training
+            if not self._warned:
+                log.warning(
+                    "cannot ask Ray which nodes it is draining (%s); a stopping worker pod is not noticed", error
+                )
+                self._warned = True
+            return None
+        hit = sorted((node, deadline) for node, deadline in listed.items() if node in self.nodes)
+        if not hit:
+            return None
+        node, deadline = hit[0]
+        left = f", {max(0.0, deadline / 1000 - time.time()):.0f} s before Ray stops it" if deadline else ""
+        return f"the node of {', '.join(self.nodes[node])} is being drained (its pod is stopping{left})"

@@ -10,6 +10,8 @@ Layout under the checkpoint uri (a path, a mounted PVC, or s3://bucket/prefix):
         COMPLETE                  the marker, written last: step, time, and every file's size (+ sha256)
     step-000030.tmp-1f2e3d4c/     a save in progress (local filesystems), or left by a crash
     latest                        "step-000020": the newest commit, for tools and people
+    owner.json                    the RLJob the location belongs to (namespace, name, uid), written before
+                                  its first save (checkpointing.py decides whose it is, then claims it)
 
 Commit protocol. `begin(step)` hands out a folder for the ranks to write into; `commit` adds
 train_state.json and job.yaml, then the marker, then makes the checkpoint visible:
@@ -25,6 +27,10 @@ folder, every file it lists present with the listed size, the small files (DCP .
 rank files, train_state.json, job.yaml) matching their sha256. A truncated upload, a crash
 mid-save or a hand-deleted .metadata is reported (a warning naming the folder and the reason)
 and skipped in favour of the previous checkpoint.
+
+Opening a store changes nothing. What crashed saves left (`remove_unfinished`) is removed only once
+the location is known to be the opening job's own (checkpointing.py `start_point`): a job pointed at
+another job's location by mistake never touches that job's save in progress.
 """
 
 import hashlib
@@ -46,6 +52,7 @@ MARKER = "COMPLETE"
 TRAIN_STATE = "train_state.json"
 JOB_MANIFEST = "job.yaml"
 LATEST = "latest"
+OWNER = "owner.json"
 DCP_METADATA = ".metadata"
 FORMAT_VERSION = 1
 STEP_FOLDER = re.compile(r"^step-(\d+)$")
@@ -78,7 +85,7 @@ def checkpoint_name(step: int) -> str:
 
 
 class CheckpointStore:
-    """All checkpoints of one job at one uri. Opening it removes what crashed saves left behind."""
+    """All checkpoints of one job at one uri. Opening it changes nothing there (`remove_unfinished` cleans)."""
 
     def __init__(self, uri: str, keep_last: int) -> None:
         if keep_last < 1:
@@ -86,7 +93,6 @@ class CheckpointStore:
         self.root = Location(uri)
         self.keep_last = keep_last
         self.root.makedirs()
-        self.remove_unfinished()
 
     @property
     def uri(self) -> str:
@@ -231,18 +237,42 @@ class CheckpointStore:
     def load_train_state(self, ref: CheckpointRef) -> dict[str, Any]:
         return dict(json.loads(Location(ref.uri).child(TRAIN_STATE).read_bytes()))
 
+    def manifest_of(self, ref: CheckpointRef) -> dict[str, Any]:
+        """The RLJob manifest the run that committed `ref` was started with (its job.yaml)."""
+        manifest = yaml.safe_load(Location(ref.uri).child(JOB_MANIFEST).read_bytes())
+        return manifest if isinstance(manifest, dict) else {}
+
     def job_of(self, ref: CheckpointRef) -> tuple[str | None, str | None]:
         """(namespace, name) of the RLJob whose run committed `ref` (its job.yaml)."""
-        manifest = yaml.safe_load(Location(ref.uri).child(JOB_MANIFEST).read_bytes()) or {}
-        metadata = manifest.get("metadata") or {}
+        metadata = self.manifest_of(ref).get("metadata") or {}
         return metadata.get("namespace") or None, metadata.get("name") or None
+
+    # -- owning -------------------------------------------------------------------------------------
+    def owner(self) -> dict[str, str | None] | None:
+        """The record of the RLJob this location belongs to (namespace, name, uid: each None when unknown); None
+        where there is none (nothing was saved here yet, or an older kuberl saved the checkpoints)."""
+        record = self.root.child(OWNER)
+        if not record.exists():
+            return None
+        try:
+            fields = json.loads(record.read_bytes())
+            return {key: str(fields[key]) if fields.get(key) else None for key in ("namespace", "name", "uid")}
+        except (ValueError, TypeError, AttributeError) as error:
+            raise CheckpointError(
+                f"{record.uri} is unreadable ({type(error).__name__}: {error}); it names the RLJob whose checkpoints "
+                "these are. Remove it only if they are this job's"
+            ) from error
+
+    def claim(self, owner: dict[str, str | None]) -> None:
+        """Record `owner` (namespace, name, uid) as the RLJob this location belongs to."""
+        self.root.child(OWNER).replace_bytes(json.dumps(owner, indent=1).encode())
 
     # -- cleaning -----------------------------------------------------------------------------------
     def remove_unfinished(self) -> None:
         """Delete what crashed saves left: .tmp- folders, and on object stores step folders without a marker.
 
-        Runs when the store is opened, before this run saves anything. A committed checkpoint is never
-        touched here, valid or not.
+        Only for a location known to be this job's (checkpointing.py), before this run saves anything: another
+        job's are its saves in progress. A committed checkpoint is never touched here, valid or not.
         """
         for name in self.root.folders():
             folder = self.root.child(name)

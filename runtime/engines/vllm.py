@@ -40,7 +40,7 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   a random stream.
 - vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the weights iterator is handed over
   as a Python object, not serialized.
-- Tensor parallelism (spec.rollout.tensorParallelSize > 1; only a separate rollout pool, api/rules.py):
+- Tensor parallelism on a separate rollout pool (spec.rollout.tensorParallelSize > 1, placement separate):
   the engine core still runs in this process, but vLLM's `mp` executor spawns one worker process per
   shard (`tensor_parallel_arguments`), each on a GPU of the replica's pod, or on CPU a process with
   its share of the replica's cores (`worker_environment`: OMP threads split, and vLLM's core binding
@@ -54,12 +54,18 @@ on GPUs in a cluster. How it departs from verl's vLLM rollout (`vLLMRollout` / `
   0.45x the peak of one whole-model call at 2 shards, 100M). The price is a call per layer, and
   vLLM's "Failed to load weights" for every layer a call leaves alone, which the workers drop
   (`_quiet_reload_warnings_in_worker`): a layer never loaded goes unreported there, and
-  rollout.verifySync is what catches stale weights. verl avoids the pickling by driving each TP shard
-  from a trainer rank of its own (vLLM's external launcher), which kuberl's colocated engine does not
-  do: a colocated engine spans one device. The TP workers are fresh processes, so the patch that must
+  rollout.verifySync is what catches stale weights. A colocated engine split over trainer ranks (below)
+  avoids the pickling, as verl's hybrid engine does. The TP workers are fresh processes, so the patch that must
   reach vLLM's sampler is installed in them after start-up too (`_rank_eagerly_in_worker`); the
   kernel-rebind patch guards against modules this process may hold (flask), which the fresh workers
   do not import.
+- Colocated tensor parallelism (rollout.placement colocated, tensorParallelSize N > 1): vLLM's external
+  launcher. N consecutive trainer ranks each hold one shard of the engine in their own process, in the
+  trainer's torch.distributed group (vLLM adds its tensor-parallel groups to it; `launcher_environment`), so
+  the ranks of a group must call the engine together, with the same prompts and seeds (rollout/base.py
+  `Engines` sends each group one shard of the step and keeps its first rank's answer). A sync is each rank
+  loading the full tensors it gathered from FSDP anyway: vLLM's weight loaders keep the slice of its shard,
+  in place, in this process, lazily as for one shard.
 - dtype: the engine runs in spec.rollout.dtype (default: the actor's; verl's default is bfloat16), the
   synced weights cast to it on load; spec.rollout.engineArgs reach `LLM` as given (`llm_arguments`).
 - On CPU, vLLM's sampler ranks each returned log-prob with a `torch.compile`d helper
@@ -106,7 +112,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kuberl.api import RLJobSpec
+from kuberl.api import RLJobSpec, RolloutPlacement
 from kuberl.runtime.engines.base import Generation, SamplingParams, SleepState
 from kuberl.runtime.models.dtypes import rollout_dtype
 from kuberl.runtime.models.lora import peft_config_dict, sync_mode
@@ -272,11 +278,45 @@ def layer_loads(weights: Iterable[tuple[str, Tensor]]) -> Iterator[list[tuple[st
         yield group
 
 
-def tensor_parallel_arguments(size: int) -> dict[str, Any]:
-    """vLLM's `LLM` arguments for an engine split `size` ways: the `mp` executor, a worker process per shard."""
+def tensor_parallel_arguments(size: int, colocated: bool = False) -> dict[str, Any]:
+    """vLLM's `LLM` arguments for an engine split `size` ways: separate, the `mp` executor (a worker process per
+    shard); colocated, the external launcher (a shard in each of `size` trainer ranks' processes, which must call
+    the engine together)."""
     if size == 1:
         return {}
-    return {"tensor_parallel_size": size, "distributed_executor_backend": "mp"}
+    return {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher" if colocated else "mp"}
+
+
+def external_launcher(ident: str) -> type:
+    """vLLM's external launcher, naming its CPU shared memory after `ident`.
+
+    vLLM's CPU communicator names each tensor-parallel group's shared-memory segments after the executor's init
+    method, which is "env://" for every external launcher: two jobs on one host would open each other's segments,
+    and a job killed before it exits leaves segments that make the next one fail (EEXIST). `ident` (the trainer
+    group's rendezvous, unique on the host) goes into the name instead; torch.distributed is initialised already,
+    so vLLM reads the init method for nothing else (vllm/v1/worker/cpu_worker.py init_device, vLLM 0.32)."""
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+    class NamedExternalLauncher(ExecutorWithExternalLauncher):
+        def _distributed_args(self) -> tuple[str, int, int]:
+            _, rank, local_rank = super()._distributed_args()
+            return f"env:{ident}", rank, local_rank
+
+    return NamedExternalLauncher
+
+
+def shared_memory_ident() -> str:
+    """A name for this job's colocated engine's shared memory, the same in every rank of the trainer's group and
+    unique on the host: the group's rendezvous (MASTER_ADDR:MASTER_PORT, a port bound on the host)."""
+    address = os.environ.get("MASTER_ADDR", "localhost").replace(".", "-").replace(":", "-")
+    return f"kuberl-{address}-{os.environ.get('MASTER_PORT', '0')}"
+
+
+def launcher_environment(rank: int, world_size: int) -> dict[str, str]:
+    """What vLLM's external launcher reads of the process group it joins: this trainer rank and the world. The
+    group itself is the trainer's (torch.distributed is initialised already, so vLLM adds its tensor-parallel
+    groups to it); each rank sees one device, so its local rank is 0 (the rank's cuda:0, or the CPU)."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0"}
 
 
 def worker_environment(size: int, cuda: bool, threads: int) -> dict[str, str]:
@@ -435,7 +475,7 @@ def llm_arguments(spec: RLJobSpec, model_path: str, cuda: bool) -> dict[str, Any
         "generation_config": "vllm",  # neutral defaults (eos ids still come from generation_config.json)
         "enforce_eager": not cuda,
         "enable_sleep_mode": cuda,
-        **tensor_parallel_arguments(rollout.tensor_parallel_size),
+        **tensor_parallel_arguments(rollout.tensor_parallel_size, rollout.placement == RolloutPlacement.COLOCATED),
     }
     if cuda:
         arguments["gpu_memory_utilization"] = rollout.gpu_memory_utilization
@@ -465,6 +505,7 @@ class VLLMRolloutEngine:
         partial_loads: bool = False,
         tied_head: bool = False,
         shards: int = 1,
+        colocated: bool = False,
     ) -> None:
         self.llm = llm
         self.device = device
@@ -473,7 +514,10 @@ class VLLMRolloutEngine:
         self.adapter: Any = None  # the LoRARequest generation names, once an adapter is loaded
         self.partial_loads = partial_loads  # LoRA's merged sync: each load brings only the touched blocks
         self._reload_filter = ExpectedReloadWarnings(tied_head)
-        self.shards = shards  # spec.rollout.tensorParallelSize: > 1, the model is split over worker processes
+        self.shards = shards  # spec.rollout.tensorParallelSize: > 1, the model is split over processes
+        #: the shards run in worker processes of this engine's own (separate placement's mp executor); colocated,
+        #: each is in a trainer rank's process (the external launcher) and this one holds only its own
+        self.worker_processes = shards > 1 and not colocated
         self.sleep_state = SleepState()
         self._warned_rescoring = False
 
@@ -497,16 +541,24 @@ class VLLMRolloutEngine:
             _rank_eagerly()
             _rebind_kernels_tolerantly()
         arguments = llm_arguments(spec, model_path, cuda)
+        colocated = shards > 1 and spec.rollout.placement == RolloutPlacement.COLOCATED
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        if colocated:  # the trainer's process group, which this rank's shard joins
+            import torch.distributed as dist
+
+            environment = launcher_environment(dist.get_rank(), dist.get_world_size())
+            arguments["distributed_executor_backend"] = external_launcher(shared_memory_ident())
+        else:
+            environment = worker_environment(shards, cuda, threads)
         try:
-            with _environment(worker_environment(shards, cuda, threads)):
+            with _environment(environment):
                 llm = LLM(**arguments)
         finally:
             # vLLM's CPU worker replaces torch.set_num_threads process-wide with a no-op and drops to one
             # thread; this process also trains, so the caller's setting comes back.
             torch.set_num_threads = set_threads
             set_threads(threads)
-        if shards > 1:  # the worker processes log and sample on their own
+        if shards > 1 and not colocated:  # the worker processes log and sample on their own
             llm.collective_rpc(_quiet_reload_warnings_in_worker)
             if not cuda:
                 llm.collective_rpc(_rank_eagerly_in_worker)
@@ -519,6 +571,7 @@ class VLLMRolloutEngine:
             partial_loads=sync_mode(spec) == "merged",
             tied_head=ties_embeddings(model_path),
             shards=shards,
+            colocated=colocated,
         )
 
     # -- generation ---------------------------------------------------------------------------------
@@ -603,7 +656,9 @@ class VLLMRolloutEngine:
         """
         counter = _ByteCounter(weights)
         # in-process: one lazy stream; split over worker processes: one pickled list per decoder layer
-        loads: Iterable[Iterable[tuple[str, Tensor]]] = [iter(counter)] if self.shards == 1 else layer_loads(counter)
+        loads: Iterable[Iterable[tuple[str, Tensor]]] = (
+            layer_loads(counter) if self.worker_processes else [iter(counter)]
+        )
         self.sleep_state.require_awake("load_weights", ("weights",))
         reload_logger = logging.getLogger(RELOAD_LOGGER)
         reload_logger.addFilter(self._reload_filter)
@@ -653,8 +708,23 @@ class VLLMRolloutEngine:
 
     def shutdown(self) -> None:
         """Stops the engine. vLLM's teardown also destroys torch.distributed's default process group
-        (in colocated mode the trainer's): call it last, after the trainer is done with the group."""
+        (in colocated mode the trainer's): call it last, after the trainer is done with the group.
+
+        An engine split over processes on CPU also removes its communicator's shared memory (/dev/shm segments
+        named after each shard process's VLLM_DIST_IDENT), which vLLM unlinks only when a shard's process exits
+        normally: the mp executor's shards are terminated, and a colocated rank's actor is killed. A colocated
+        group's ranks each remove the group's segments, whichever removes one first."""
+        split_on_cpu = self.shards > 1 and self.device.type == "cpu"
+        idents = {ident for ident in self.llm.collective_rpc(_dist_ident_in_worker) if ident} if split_on_cpu else set()
         self.llm.llm_engine.engine_core.shutdown()
+        for ident in idents:
+            for segment in Path("/dev/shm").glob(f"{ident}-*cpushm*"):
+                segment.unlink(missing_ok=True)
+
+
+def _dist_ident_in_worker(worker: Any) -> str:
+    """In a shard's process: the name vLLM's CPU communicator gives its shared memory (cpu_worker.py sets it)."""
+    return os.environ.get("VLLM_DIST_IDENT", "")
 
 
 @contextlib.contextmanager

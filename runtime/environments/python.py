@@ -4,12 +4,14 @@
     <output>1776</output>             what the sandbox printed (a final expression is printed, as in a notebook)
      1776                             the model's answer: a message without a call ends the episode
 
-Each call runs in a fresh sandbox (kuberl.runtime.sandbox): no network, a scratch folder that is removed
-afterwards, spec.environment.toolTimeoutSeconds of wall-clock and CPU time, toolMemoryMib of memory.
+Each call runs in a fresh sandbox (kuberl.runtime.sandbox): no network, a scratch folder of 64 MiB
+(TOOL_SCRATCH_MIB) that goes with the call, spec.environment.toolTimeoutSeconds of wall-clock and CPU
+time, toolMemoryMib of memory for all the processes the call starts together.
 Code that fails, runs too long or allocates too much is answered with an error and the episode goes
 on. The episode's reward is spec.reward scoring the model's final message.
 """
 
+from kuberl.api.environment import TOOL_SCRATCH_MIB
 from kuberl.runtime.environments.tools import ToolEnvironment, ToolResult, function_schema
 from kuberl.runtime.sandbox import Limits, Outcome, run_python
 
@@ -24,7 +26,10 @@ def describe(outcome: Outcome, limits: Limits) -> ToolResult:
     if outcome.stopped_by == "cpu_time":
         return ToolResult(f"stopped: the code used more than {limits.cpu_seconds:g} s of CPU time", error=True)
     if outcome.stopped_by == "memory":
-        return ToolResult(f"MemoryError: the code may use at most {limits.memory_bytes >> 20} MiB", error=True)
+        return ToolResult(
+            f"MemoryError: the code may use at most {limits.memory_bytes >> 20} MiB, all its processes together",
+            error=True,
+        )
     if outcome.stopped_by is not None:
         return ToolResult(f"stopped: {outcome.stopped_by}", error=True)
     if outcome.exit_code != 0:
@@ -51,5 +56,10 @@ class PythonEnvironment(ToolEnvironment):
 
     def tool_python(self, code: str) -> ToolResult:
         seconds = self.settings.tool_timeout_seconds
-        limits = Limits(wall_seconds=seconds, cpu_seconds=seconds, memory_bytes=self.settings.tool_memory_mib << 20)
+        limits = Limits(
+            wall_seconds=seconds,
+            cpu_seconds=seconds,
+            memory_bytes=self.settings.tool_memory_mib << 20,
+            scratch_bytes=TOOL_SCRATCH_MIB << 20,
+        )
         return describe(run_python(str(code), limits), limits)

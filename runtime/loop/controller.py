@@ -119,7 +119,7 @@ class Controller:
         self.data_metrics = dropped_prompt_metrics(plan) if spec.data.overlong_prompt == OverlongPrompt.DROP else {}
         self.pad_id = plan.tokenizer.pad_token_id if plan.tokenizer.pad_token_id is not None else 0
         self.weight_version = 0  # the training step whose weights the engines hold (0: the initial model)
-        self.engines = Engines(groups.actor, groups.rollout)
+        self.engines = Engines(groups.actor, groups.rollout, split=spec.rollout.tensor_parallel_size)
         self.rollout_stage = rollout_stage(plan, groups, self.engines)
         self.update_config = self.settings.update
 

@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from kuberl.api import EnvironmentSpec
-from kuberl.api.topology import ActorGroup
+from kuberl.api.topology import ActorGroup, tool_calls_at_once
 from kuberl.runtime.environments.base import ModelTurn
 from kuberl.runtime.workers.environment_worker import STEPS_IN_PARALLEL, EnvironmentWorker
 from kuberl.runtime.workers.group import ray_actor_options
@@ -37,6 +37,7 @@ class EnvironmentPoolError(RuntimeError):
 class EnvironmentPool:
     def __init__(self, environment: EnvironmentSpec, group: ActorGroup) -> None:
         self._manifest = environment.to_manifest()
+        self.calls_at_once = tool_calls_at_once(group.cpus)  # tool calls each worker runs at once
         self.size = group.actors
         self._remote: Any = ray.remote(EnvironmentWorker).options(
             **ray_actor_options(group), max_concurrency=STEPS_IN_PARALLEL
@@ -46,7 +47,8 @@ class EnvironmentPool:
         self._rollouts = 0
         try:
             self.workers = [self._start(rank) for rank in range(self.size)]
-            ray.get([worker.setup.remote(self._manifest) for worker in self.workers], timeout=SETUP_TIMEOUT_S)
+            setups = [worker.setup.remote(self._manifest, self.calls_at_once) for worker in self.workers]
+            ray.get(setups, timeout=SETUP_TIMEOUT_S)
         except BaseException:
             self.shutdown()
             raise
@@ -64,7 +66,8 @@ class EnvironmentPool:
                 log.warning("environment worker %d died; starting a new one", rank)
                 self.restarts += 1
                 self.workers[rank] = self._start(rank)
-                ray.get(self.workers[rank].setup.remote(self._manifest), timeout=SETUP_TIMEOUT_S)
+                setup = self.workers[rank].setup.remote(self._manifest, self.calls_at_once)
+                ray.get(setup, timeout=SETUP_TIMEOUT_S)
         return self._rollouts
 
     def step(self, row: int, sample: dict[str, Any], turn: ModelTurn) -> Any:

@@ -8,12 +8,14 @@
 
 A local run starts Ray with the custom resources the pools would offer on Kubernetes at their
 largest (`Topology.local_resources`), so every actor asks for the same thing on one machine as on a
-cluster, and an actor the topology did not plan for waits instead of squeezing in.
+cluster, and an actor the topology did not plan for waits instead of squeezing in; and with Ray's token
+authentication on, with a token of its own (`use_a_token_of_its_own`): its ports are open on every interface.
 """
 
 import logging
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -63,6 +65,15 @@ class Groups:
         own = {"critic": self.critic, "reference": self.reference}.get(role)
         return own or self.actor
 
+    def model_nodes(self) -> dict[str, list[str]]:
+        """The nodes of the model groups' ranks (a run loses a step with any of them), each with who runs there."""
+        nodes: dict[str, list[str]] = {}
+        for group in (self.actor, self.critic, self.reference):
+            if group is not None:
+                for rank, node in enumerate(group.call("node_id")):
+                    nodes.setdefault(node, []).append(f"{group.group.name} worker {rank}")
+        return nodes
+
     @property
     def trainers(self) -> list[WorkerGroup]:
         """The groups holding trained models (what a checkpoint saves): the actor's, and the critic's own."""
@@ -75,7 +86,7 @@ class Groups:
                 pool.shutdown()
         for group in (self.actor, self.critic, self.reference):
             if group is not None:
-                group.kill()
+                group.stop()  # a colocated engine split over ranks removes its shared memory on the way
 
 
 def shared_ray_resources(units: int = 64) -> dict[str, float]:
@@ -94,7 +105,7 @@ def start_ray(address: str | None, topology: Topology) -> bool:
         ray.init(address=address or "auto", log_to_driver=True)
         warn_of_missing_resources(topology)
         return False
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    use_a_token_of_its_own()
     ray.init(
         num_cpus=max(os.cpu_count() or 1, math.ceil(topology.local_cpus())),
         resources=topology.local_resources(),
@@ -103,6 +114,27 @@ def start_ray(address: str | None, topology: Topology) -> bool:
         configure_logging=False,
     )
     return True
+
+
+def use_a_token_of_its_own() -> None:
+    """Ray's token authentication on, with a fresh token, for the local Ray this process is about to start.
+
+    A local Ray listens on every interface, and cannot be told not to: Ray 2.60's gRPC servers (GCS, raylet,
+    workers) bind the wildcard address (src/ray/rpc/grpc_server.cc, GrpcServer::Run; listen_to_localhost_only
+    is for Ray's internal servers), and ray.init turns a node address of 127.0.0.1 into a reachable one
+    (python/ray/_private/services.py resolve_ip_for_localhost). Without authentication anyone who can reach
+    this machine could join it as a driver and run code. So the run's Ray keeps token authentication on (Ray
+    2.52+), with 32 random bytes made for this run, in RAY_AUTH_TOKEN, which the GCS, the raylet and the
+    workers inherit; an explicit RAY_AUTH_MODE=disabled does not turn it off. Ray read its configuration when
+    it was imported: it is read again, as Ray's own authentication_test_utils.reset_auth_token_state does.
+    """
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # not in its .pyi
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)  # the token above, not a file's
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def warn_of_missing_resources(topology: Topology) -> None:

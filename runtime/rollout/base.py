@@ -57,15 +57,18 @@ class RolloutStage(Protocol):
 class Engines:
     """The job's generation engines: the actor's ranks (colocated) or the rollout pool's replicas (separate).
 
-    A step's prompts are cut into `shards` parts, part r sampled with the seeds of rank r: on the actor's
-    ranks, part r goes to rank r; in the separate pool, to whichever replica is free (rollout_pool.py), so
-    the samples do not depend on how many replicas the pool has at the moment.
+    A step's prompts are cut into `shards` parts, part r sampled with the seeds of shard r: on the actor's
+    ranks, part r goes to the engine of rank r, or with a colocated engine split over `split` ranks
+    (rollout.tensorParallelSize) to every rank of group r, which generate it together and answer alike (the first
+    rank's answer is kept); in the separate pool, to whichever replica is free (rollout_pool.py), so the samples
+    do not depend on how many replicas the pool has at the moment.
     """
 
-    def __init__(self, actor: Any, rollout: RolloutPool | None) -> None:
+    def __init__(self, actor: Any, rollout: RolloutPool | None, split: int = 1) -> None:
         self.separate = rollout is not None
         self.actor = actor
         self.pool = rollout
+        self.split = 1 if rollout is not None else split  # actor ranks one colocated engine spans
         self.colocated_version = 0  # the weights the actor's ranks hold (colocated)
 
     @property
@@ -75,19 +78,29 @@ class Engines:
 
     @property
     def shards(self) -> int:
-        return self.pool.chunks if self.pool is not None else int(self.actor.world_size)
+        return self.pool.chunks if self.pool is not None else int(self.actor.world_size) // self.split
 
     @property
     def size(self) -> int:
-        """Engines a caller may `submit` to: the actor's ranks, or the pool's replicas holding its weights."""
-        return len(self.pool.replicas()) if self.pool is not None else int(self.actor.world_size)
+        """Engines a caller may `submit` to: the actor's engines, or the pool's replicas holding its weights."""
+        return len(self.pool.replicas()) if self.pool is not None else int(self.actor.world_size) // self.split
 
     def submit(self, rank: int, prompts: list[list[int]], params: SamplingParams) -> Any:
         """One generation call on engine `rank` (of `size`); an ObjectRef of list[list[Generation]]."""
         if self.pool is not None:
             replica = list(self.pool.replicas().values())[rank]
             return replica.generate.remote(prompts, params, self.pool.version)
+        if self.split > 1:  # api/rules.py refuses episodes with a split colocated engine
+            raise RuntimeError("a colocated engine split over ranks takes whole shards (Engines.generate) only")
         return self.actor.workers[rank].generate.remote(prompts, params)
+
+    def generate(self, work: list[ChunkWork]) -> list[tuple[list[list[Generation]], int]]:
+        """Each shard's generations and the weight version that made them, in shard order."""
+        if self.pool is not None:
+            return [(chunk.generations, chunk.version) for chunk in self.pool.generate(work)]
+        calls = [worker.generate.remote(*work[rank // self.split]) for rank, worker in enumerate(self.actor.workers)]
+        parts = bounded_get(calls, f"generate on the {self.actor.group.name} workers")
+        return [(parts[shard * self.split], self.colocated_version) for shard in range(len(work))]
 
     def sleep(self) -> dict[str, float]:
         """Colocated: every actor rank's engine gives its device memory to the trainer until the sync wakes it
@@ -96,11 +109,3 @@ class Engines:
             return {}
         freed = [result["engine/sleep_freed_bytes"] for result in self.actor.call("sleep_engine")]
         return {"engine/sleep_freed_bytes": sum(freed) / len(freed)}  # per rank, each on a GPU of its own
-
-    def generate(self, work: list[ChunkWork]) -> list[tuple[list[list[Generation]], int]]:
-        """Each shard's generations and the weight version that made them, in shard order."""
-        if self.pool is not None:
-            return [(chunk.generations, chunk.version) for chunk in self.pool.generate(work)]
-        calls = [self.actor.workers[rank].generate.remote(*shard) for rank, shard in enumerate(work)]
-        parts = bounded_get(calls, f"generate on the {self.actor.group.name} workers")
-        return [(part, self.colocated_version) for part in parts]

@@ -5,15 +5,20 @@ and stderr already pointing at files the caller reads afterwards. It knows nothi
 
     launcher (L)      the caller's uid and namespaces; writes the jail's uid/gid maps, keeps the
                       wall clock (SIGKILL to the jail at the deadline), writes status.json
-      jail (C)        unshare(user, mount, network, pid, ipc, uts); once mapped, builds a root of
-                      its own on a tmpfs: the Python installation and /usr read-only, /dev/null,
-                      /dev/zero, /dev/(u)random, the scratch folder read-write at /scratch; then
-                      becomes uid 0 of its user namespace (an unprivileged uid outside); forks
+      jail (C)        joins the call's memory cgroup (when the caller made one) and asks to be the
+                      OOM killer's first pick; unshare(user, mount, network, pid, ipc, uts); once
+                      mapped, builds a root of its own on a tmpfs: the Python installation and /usr
+                      read-only, /dev/null, /dev/zero, /dev/(u)random, a scratch tmpfs of its own
+                      (size-limited) read-write at /scratch; then becomes uid 0 of its user
+                      namespace (an unprivileged uid outside); forks
         init (I)      pid 1 of the new pid namespace: mounts its /proc, chroots into the root,
                       forks the code, reaps every process, reports how the code ended and exits,
                       which makes the kernel kill whatever the code left behind
-          code (R)    no capabilities, no_new_privs, rlimits on CPU time, address space, processes,
-                      file size and open files; cwd /scratch; a clean environment; runs the code
+          code (R)    no capabilities, no_new_privs, a seccomp filter refusing memory that no
+                      address space counts (memfds, SysV shared memory and message queues, POSIX
+                      message queues), rlimits on CPU time, address space (the call's
+                      whole limit under a cgroup, else its share), processes, file size and open
+                      files; cwd /scratch; a clean environment; runs the code
 
 Uid 0 inside the user namespace is, outside it, an unprivileged uid: a fresh one the caller
 picked when the caller is root (so RLIMIT_NPROC binds: it never binds uid 0), the caller's own
@@ -48,6 +53,18 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 #: capset(2) has no glibc wrapper.
 SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
+#: Calls that make memory no process's address space holds (RLIMIT_AS misses it): memfd_create, SysV shmget and
+#: msgget, mq_open. Numbers from the kernel's arch/x86/entry/syscalls/syscall_64.tbl and
+#: include/uapi/asm-generic/unistd.h (aarch64), with the AUDIT_ARCH the filter checks first (linux/audit.h).
+UNACCOUNTED_MEMORY_CALLS = {
+    "x86_64": (0xC000003E, (319, 29, 68, 240)),
+    "aarch64": (0xC00000B7, (279, 194, 186, 180)),
+}
+#: seccomp(2): BPF opcodes, return values, the x32 ABI's bit, and the offsets of nr and arch in seccomp_data.
+BPF_LD_W_ABS, BPF_JMP_JEQ_K, BPF_JMP_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
+X32_SYSCALL_BIT, SECCOMP_DATA_NR, SECCOMP_DATA_ARCH = 0x40000000, 0, 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER, EPERM = 22, 2, 1
 #: statvfs flags of a mount that a bind mount must keep (inside a user namespace they are locked).
 LOCKED_FLAGS = (
     (os.ST_RDONLY, MS_RDONLY),
@@ -60,6 +77,8 @@ LOCKED_FLAGS = (
 )
 DEVICES = ("null", "zero", "random", "urandom")
 SCRATCH = "/scratch"
+#: Files the scratch tmpfs may hold: each costs kernel memory its size limit does not count.
+SCRATCH_FILES = 4096
 #: The new root's mount point, relative to the sandbox's folder (the jail's working directory).
 ROOT = "root"
 
@@ -113,8 +132,9 @@ def bind(fd: int, target: str, *, read_only: bool, device: bool = False) -> None
     mount(None, target, None, flags)
 
 
-def build_root(root: str, scratch: int, read_only: dict[str, int], links: list[str]) -> None:
-    """A tmpfs at `root` holding only what the code needs: the read-only paths, a few devices, /scratch."""
+def build_root(root: str, scratch_bytes: int, read_only: dict[str, int], links: list[str]) -> None:
+    """A tmpfs at `root` holding only what the code needs: the read-only paths, a few devices, and /scratch, a
+    tmpfs of `scratch_bytes` that ends with the call's mount namespace."""
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for path in links:  # /lib -> usr/lib on merged-/usr systems
         os.makedirs(os.path.dirname(root + path), exist_ok=True)
@@ -122,7 +142,14 @@ def build_root(root: str, scratch: int, read_only: dict[str, int], links: list[s
     for path, fd in read_only.items():
         device = path.startswith("/dev/")
         bind(fd, root + path, read_only=not device, device=device)
-    bind(scratch, root + SCRATCH, read_only=False)
+    os.makedirs(root + SCRATCH)
+    mount(
+        "tmpfs",
+        root + SCRATCH,
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={scratch_bytes},nr_inodes={SCRATCH_FILES},mode=0700",
+    )
     os.makedirs(root + "/proc")
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
 
@@ -149,10 +176,42 @@ def drop_capabilities() -> None:
     check(libc.syscall(number, header, data), "capset")
 
 
-def set_limits(limits: dict) -> None:
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+
+def refuse_unaccounted_memory() -> None:
+    """A seccomp filter (after no_new_privs): the calls in UNACCOUNTED_MEMORY_CALLS fail with EPERM, another
+    architecture's or the x32 ABI's calls end the process. Without it a call could hold gigabytes in memfds or
+    shared-memory segments that RLIMIT_AS never counts (where no cgroup holds the call, that is all there is)."""
+    machine = os.uname().machine
+    if machine not in UNACCOUNTED_MEMORY_CALLS:
+        raise JailError(f"cannot filter system calls on {machine}: no numbers known")
+    arch, numbers = UNACCOUNTED_MEMORY_CALLS[machine]
+    deny = 6 + len(numbers)  # the index of the last instruction, which refuses
+    program = [
+        SockFilter(BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARCH),
+        SockFilter(BPF_JMP_JEQ_K, 1, 0, arch),
+        SockFilter(BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
+        SockFilter(BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_NR),
+        SockFilter(BPF_JMP_JGE_K, deny - 5, 0, X32_SYSCALL_BIT),
+        *(SockFilter(BPF_JMP_JEQ_K, deny - 6 - index, 0, number) for index, number in enumerate(numbers)),
+        SockFilter(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        SockFilter(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM),
+    ]
+    instructions = (SockFilter * len(program))(*program)
+    fprog = SockFprog(len(program), instructions)
+    check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "prctl(SECCOMP)")
+
+
+def set_limits(limits: dict, address_space: int) -> None:
     cpu = max(1, int(limits["cpu_seconds"] + 0.999))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL a second later
-    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"], limits["processes"]))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
@@ -160,16 +219,17 @@ def set_limits(limits: dict) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past file_bytes fails (EFBIG) instead of killing
 
 
-def run_code(code: str, limits: dict) -> None:
+def run_code(code: str, limits: dict, address_space: int) -> None:
     """In the code process: confine, then run `code` as __main__; never returns."""
     status = 1
     try:
         drop_capabilities()
+        refuse_unaccounted_memory()
         os.closerange(3, 65536)
         os.chdir(SCRATCH)
         os.environ.clear()
         os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME=SCRATCH, TMPDIR=SCRATCH, LANG="C.UTF-8")
-        set_limits(limits)
+        set_limits(limits, address_space)
         status = execute(code)
     except BaseException:  # noqa: BLE001 - whatever the set-up raises, the code has not run
         traceback.print_exc()
@@ -214,7 +274,7 @@ def init_process(config: dict, status_fd: int, code: str) -> None:
         child = os.fork()
         if child == 0:
             os.close(status_fd)
-            run_code(code, config["limits"])
+            run_code(code, config["limits"], config["address_space_bytes"])
         while True:  # pid 1 adopts every orphan: reap them all until the code's own process ends
             pid, wait_status = os.wait()
             if pid == child:
@@ -233,6 +293,7 @@ def jail_process(config: dict, mapped_fd: int, ready_fd: int, status_fd: int, co
     """The first process in the new namespaces: builds the root, takes on its mapped uid, forks init."""
     try:
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+        enter_memory_cgroup(config["cgroup"])
         check(libc.unshare(JAIL_NAMESPACES), "unshare(user, mount, net, pid, ipc, uts)")
         os.write(ready_fd, b"1")
         if os.read(mapped_fd, 1) != b"1":
@@ -241,7 +302,6 @@ def jail_process(config: dict, mapped_fd: int, ready_fd: int, status_fd: int, co
         paths = config["read_only"] + devices
         read_only = open_paths(paths)
         links = [path for path in config["read_only"] if os.path.islink(path)]
-        scratch = os.open(config["scratch"], os.O_PATH | os.O_CLOEXEC)
         # From here on paths are relative to the sandbox's folder: after the uid switch its parents may be
         # out of reach (a 0700 temporary folder of root's), the folder itself and `root` in it are not.
         os.chdir(os.path.dirname(config["root"]))
@@ -250,7 +310,7 @@ def jail_process(config: dict, mapped_fd: int, ready_fd: int, status_fd: int, co
             os.setgroups([])
         os.setresgid(0, 0, 0)  # files the jail creates must belong to a uid mapped in it
         os.setresuid(0, 0, 0)
-        build_root(ROOT, scratch, read_only, links)
+        build_root(ROOT, config["limits"]["scratch_bytes"], read_only, links)
     except BaseException as error:  # noqa: BLE001 - reported to the caller as a set-up failure
         os.write(status_fd, json.dumps({"error": f"{type(error).__name__}: {error}"}).encode())
         os._exit(0)
@@ -259,6 +319,16 @@ def jail_process(config: dict, mapped_fd: int, ready_fd: int, status_fd: int, co
         init_process(config, status_fd, code)
     os.waitpid(init, 0)
     os._exit(0)
+
+
+def enter_memory_cgroup(cgroup: str | None) -> None:
+    """Into the call's memory cgroup (its processes are held to the limit together), before anything of the call
+    starts; and first in line for the OOM killer, should the pod itself run short (raising it needs no privilege)."""
+    if cgroup is not None:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+    with open("/proc/self/oom_score_adj", "w") as handle:
+        handle.write("1000")
 
 
 def write_maps(pid: int, outside_uid: int, outside_gid: int) -> None:

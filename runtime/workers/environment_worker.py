@@ -4,13 +4,16 @@ One worker is one Ray actor with many threads (`max_concurrency`), placed like a
 `kuberl_reward` resource: on Kubernetes, a reward pod, whose pod template can ask for a sandboxing
 runtime class). Each episode's environment lives in one worker for the whole episode; steps of
 different episodes run in parallel threads, so a tool that waits (a sandboxed process, a request)
-holds up only its own episode. A step of one episode never runs beside another step of the same
+holds up only its own episode. The sandboxed tool calls among them run at most `calls_at_once` at a
+time (one per CPU of the worker, api/topology.py), each held to its memory limit: what the worker's
+pod must hold is bounded, not 32 calls' worth. A step of one episode never runs beside another step of the same
 episode: the scheduler sends an episode's next turn only after its observation came back.
 
 Every call returns an `EnvironmentReply` and never raises for the environment's sake: an environment
 that raises fails its episode (`failed` set), the worker and the other episodes go on.
 """
 
+import logging
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -21,7 +24,10 @@ from kuberl.runtime.environments.base import Environment, EnvironmentSettings, M
 from kuberl.runtime.environments.registry import load_environment
 from kuberl.runtime.rewards.functions import RewardResult, checked_reward
 
-#: Steps one environment worker runs at once (threads): tool calls mostly wait on a process.
+log = logging.getLogger(__name__)
+
+#: Steps one environment worker runs at once (threads): tool calls mostly wait on a process, and the sandbox runs
+#: at most `calls_at_once` of them at a time (the others wait their turn).
 STEPS_IN_PARALLEL = 32
 
 
@@ -41,15 +47,18 @@ class EnvironmentWorker:
         self.settings = EnvironmentSettings()
         self.episodes: dict[tuple[int, int], Environment] = {}  # (rollout id, row) -> its environment
 
-    def setup(self, environment: dict[str, Any]) -> dict[str, Any]:
-        """Loads the environment class; proves the sandbox works here when the environment runs code."""
+    def setup(self, environment: dict[str, Any], calls_at_once: int = 1) -> dict[str, Any]:
+        """Loads the environment class; proves the sandbox works here when the environment runs code, and lets it
+        run `calls_at_once` calls at a time."""
         spec = EnvironmentSpec.model_validate(environment)
         self.environment_class = load_environment(spec.name)
         self.settings = EnvironmentSettings(spec.max_turns, spec.tool_timeout_seconds, spec.tool_memory_mib)
         if self.environment_class.needs_sandbox:
-            from kuberl.runtime.sandbox import check_isolation
+            from kuberl.runtime.sandbox import check_isolation, memory_bound, set_calls_at_once
 
             check_isolation()
+            set_calls_at_once(calls_at_once)
+            log.info("tool calls: %d at once, each held to its memory limit by %s", calls_at_once, memory_bound())
         return {"rank": self.rank, "environment": self.environment_class.__qualname__}
 
     def begin(self, rollout: int) -> int:

@@ -17,6 +17,9 @@ from kuberl.api.topology import ActorGroup
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.deadline import bounded_get
 
+#: How long a group's workers get to shut down (stop their engines) before they are killed.
+STOP_TIMEOUT_S = 30.0
+
 
 def worker_device() -> torch.device:
     """This actor's device: the GPU Ray gave it (CUDA_VISIBLE_DEVICES is set), else the CPU."""
@@ -65,6 +68,13 @@ class WorkerGroup:
 
     def _what(self, method: str) -> str:
         return f"{method} on the {self.group.name} workers"
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Ask every worker to shut down (its engine and process group; see ModelWorker.shutdown), then kill
+        them: a worker that does not answer within `timeout_s` is killed anyway."""
+        calls = [worker.shutdown.remote() for worker in self.workers]
+        ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
+        self.kill()
 
     def kill(self) -> None:
         for worker in self.workers:

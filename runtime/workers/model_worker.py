@@ -72,6 +72,12 @@ class ModelWorker:
 
         return ray.util.get_node_ip_address(), free_port()
 
+    def node_id(self) -> str:
+        """The Ray node (a pod on Kubernetes) this rank runs on: the driver watches whether Ray drains it."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def setup(self, setup: WorkerSetup) -> dict[str, Any]:
         torch.set_num_threads(max(1, setup.threads))
         self.job = parse_rljob(setup.job)
@@ -327,7 +333,11 @@ class ModelWorker:
         return str(export_hf(checkpoint_uri, base_model, directory, tokenizer_path=str(self.tokenizer_at.resolve())))
 
     def shutdown(self) -> None:
-        if dist.is_initialized():
+        """The colocated engine stopped (a split one removes its shared memory), then the process group."""
+        if self.engine is not None and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+            self.engine = None
+        if dist.is_initialized():  # vLLM's teardown may have destroyed it already
             dist.destroy_process_group()
 
 

@@ -52,7 +52,8 @@ def test_rows_are_judged_against_their_aim() -> None:
 
 def test_multi_gpu_items_are_skipped_with_the_reason_on_one_gpu() -> None:
     rows = suite.two_rank_rows(REPO, "1.5B", gpus=1)
-    assert [r.status for r in rows] == [SKIPPED, SKIPPED] and all("needs 2 GPUs, 1 visible" in r.note for r in rows)
+    assert [r.item for r in rows] == ["fsdp2 nccl, 2 ranks", "colocated vLLM, TP 2", "separate rollout pool"]
+    assert all(r.status == SKIPPED and "needs 2 GPUs, 1 visible" in r.note for r in rows)
 
 
 def test_step_seconds_is_the_median_interval_after_the_first_step() -> None:

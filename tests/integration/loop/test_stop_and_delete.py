@@ -85,7 +85,7 @@ def test_a_spec_change_mid_run_continues_from_the_checkpoint_without_two_runtime
     folder = loop.job_folder(name)
     wait_until(lambda: committed_steps(folder), timeout=300, interval=0.1, what="the first checkpoint")
 
-    # a total a checkpoint can follow (operator/specdiff.py): a restart, not a refusal; the running RayJob is
+    # a total a checkpoint can follow (api/specdiff.py): a restart, not a refusal; the running RayJob is
     # stopped a step or two later, well before it could reach the new total
     total = STEPS + 4
     path = names.rljob_path(loop.namespace, name)

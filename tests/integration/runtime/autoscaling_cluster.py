@@ -119,35 +119,42 @@ class FakeMultiNodeCluster:
         log = (self._dir / "head.log").open("wb")
         self._head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         host, port = self.address.rsplit(":", 1)
-        wait_for(lambda: _listening(host, int(port)), "the head's GCS to listen", 120.0)
+        wait_for(lambda: listening(host, int(port)), "the head's GCS to listen", 120.0)
 
     def shutdown(self) -> None:
         """Stops the head (which stops the autoscaler), then kills whatever it had started that is left:
         the fake nodes' raylets are the autoscaler's children and may outlive it."""
         if self._head is None:
             return
-        try:
-            started = psutil.Process(self._head.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            started = []
-        self._head.send_signal(signal.SIGTERM)
-        try:
-            self._head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self._head.kill()
-            self._head.wait()
-        _, alive = psutil.wait_procs(started, timeout=30)
-        for process in alive:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=30)
+        stop_process_tree(self._head)
         self._head = None
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _listening(host: str, port: int) -> bool:
+def stop_process_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to `process` (a `ray start --block`), then SIGKILL to whatever it had started that is left: the
+    processes this test started, and no others (never `ray stop`, which stops every Ray on the machine)."""
+    try:
+        started = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        started = []
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    _, alive = psutil.wait_procs(started, timeout=30)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=30)
+
+
+def listening(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1):
             return True

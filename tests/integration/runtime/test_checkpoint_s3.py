@@ -56,10 +56,12 @@ def test_s3_checkpoint_is_committed_by_its_marker_in_place(s3_uri: str):
     assert store.root.child(LATEST).read_bytes() == b"step-000007\n"
 
 
-def test_reopening_removes_an_unfinished_s3_save(s3_uri: str):
+def test_an_unfinished_s3_save_is_removed_by_remove_unfinished_not_by_opening(s3_uri: str):
     uri = f"{s3_uri}-crash"
     store = CheckpointStore(uri, keep_last=2)
     crashed = store.begin(3)
     Location(crashed).child("actor", "__0_0.distcp").write_bytes(b"half an upload")
-    CheckpointStore(uri, keep_last=2)
+    reopened = CheckpointStore(uri, keep_last=2)
+    assert Location(crashed).exists()
+    reopened.remove_unfinished()
     assert not Location(crashed).exists()

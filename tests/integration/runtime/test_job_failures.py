@@ -74,7 +74,12 @@ def test_nan_updates_are_skipped_and_fail_the_job_keeping_the_good_checkpoints(r
         f"the latest checkpoint, kept: {good} (step 2)"
     )
     # keepLast 2 kept steps 1 and 2: nothing was saved after the poisoned steps to rotate them out
-    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == ["latest", "step-000001", "step-000002"]
+    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == [
+        "latest",
+        "owner.json",
+        "step-000001",
+        "step-000002",
+    ]
     lines = metrics_lines(output)
     assert [line["actor/update_skipped"] for line in lines] == [0.0, 0.0, 1.0, 1.0]
     assert [line["actor/grad_norm"] for line in lines[2:]] == ["NaN", "NaN"]  # recorded, not dropped
@@ -100,6 +105,27 @@ def test_a_reward_failing_above_max_failure_fraction_fails_the_job_naming_it(ray
         "spec.reward.maxFailureFraction (0.9); the last failure: PermissionError: the judge refused the API key"
     )
     assert len(metrics_lines(tmp_path)) == 2  # judged once the window was full, and not a step later
+
+
+def test_a_job_shorter_than_the_failure_window_whose_rewards_all_failed_fails_and_exports_nothing(
+    ray_session, tmp_path
+):
+    job = demo_job(
+        **{
+            "reward": {"function": f"{REWARDS}:always_raises"},  # failureWindowSteps 5 (the default), 2 steps
+            "training.totalSteps": 2,
+            "resources.actor.replicas": 1,
+        }
+    )
+    for restart in (False, True):  # the operator's restart (--resume) fails the same way: nothing was saved
+        with pytest.raises(RewardFailureError) as failed:
+            run_job(job, tmp_path, demo_base_dir(), progress=False, restart=restart)
+        assert str(failed.value).startswith(
+            f"reward function {REWARDS}:always_raises failed on 128 of 128 samples (100%) in steps 1 to 2, more "
+            "than spec.reward.maxFailureFraction (0.5)"
+        )
+        assert not (tmp_path / "model").exists()
+        assert not list((tmp_path / "checkpoints").glob("step-*"))
 
 
 def test_a_step_past_step_timeout_seconds_fails_the_job_naming_what_it_waited_for(ray_session, tmp_path):

@@ -20,6 +20,7 @@ from kuberl.api.topology import ActorGroup, reward_group
 from kuberl.runtime.pools.autoscale import ScalePolicy
 from kuberl.runtime.pools.reward import RewardPool
 from kuberl.runtime.rewards.functions import RewardConfigError, RewardResult
+from tests.integration.runtime.test_reward_limits import within
 
 pytestmark = pytest.mark.integration
 
@@ -147,6 +148,22 @@ def test_a_batch_that_keeps_killing_its_worker_fails_its_samples_not_the_job(ray
     assert [result.score for result in results] == [0.0, 1.0, 0.0, 0.0, 4.0, 5.0, 6.0, 7.0]
     assert [i for i, result in enumerate(results) if result.error is not None] == [2, 3]
     assert "gave up after 2 attempts" in (results[3].error or "")
+    assert metrics["reward/worker_deaths"] == 2
+
+
+def test_a_single_batch_that_fails_every_attempt_ends_the_score_call_with_its_samples_failed(
+    ray_session: Any,
+) -> None:
+    # the call's only batch is its last pending one: nothing after it would end the call if giving up did not
+    reward = {"function": "tests.integration.runtime.slow_rewards:kill_worker_on_index_3", "batchSize": 2}
+    pool = RewardPool(reward, None, reward_pool(1, 1), policy=ScalePolicy(max_batch_attempts=2))
+    try:
+        results = within(90, lambda: pool.score(["prompt 3"], ["response 3"], [{"index": 3}]))  # no step deadline
+        metrics = pool.metrics()
+    finally:
+        pool.shutdown()
+    assert [result.score for result in results] == [0.0]
+    assert "gave up after 2 attempts" in (results[0].error or "")
     assert metrics["reward/worker_deaths"] == 2
 
 

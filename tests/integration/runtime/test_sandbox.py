@@ -13,10 +13,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from kuberl.runtime import sandbox
 from kuberl.runtime.sandbox import LAUNCHER, Limits, run_python
 
 pytestmark = pytest.mark.integration
@@ -162,3 +165,144 @@ def test_the_same_confinement_holds_for_a_caller_that_is_not_root() -> None:
     assert loop == "cpu_time"
     assert bomb.startswith("BlockingIOError")  # RLIMIT_NPROC binds for a non-root caller too
     assert network.endswith("Network is unreachable")
+
+
+#: Forks 5 children (with the code's process and the jail's init, 7 of the 8 processes a call may have) that each
+#: take and touch 120 MiB and hold it until every child has answered (or died): prints how many held theirs at once.
+FIVE_HOGS = """
+import os, select
+results_r, results_w = os.pipe()
+release_r, release_w = os.pipe()
+children = {}
+for index in range(5):
+    pid = os.fork()
+    if pid == 0:
+        os.close(results_r)
+        os.close(release_w)
+        try:
+            hog = bytearray(120 << 20)
+            hog[::4096] = b"x" * len(range(0, len(hog), 4096))  # every page touched: memory, not just address space
+            os.write(results_w, b"+%d " % index)
+        except MemoryError:
+            os.write(results_w, b"-%d " % index)
+        os.read(release_r, 1)  # holds it until the parent has heard from everyone
+        os._exit(0)
+    children[pid] = index
+os.close(results_w)
+os.close(release_r)
+heard, dead = {}, set()
+while len(set(heard) | dead) < 5:
+    if select.select([results_r], [], [], 0.1)[0]:
+        for word in os.read(results_r, 4096).split():
+            heard[int(word[1:])] = word[:1] == b"+"
+    for pid, index in children.items():
+        if index not in dead and os.waitpid(pid, os.WNOHANG)[0]:
+            dead.add(index)
+held = [index for index, took in heard.items() if took and index not in dead]
+print(len(held), "held at once;", sum(not took for took in heard.values()), "MemoryError;", len(dead), "killed")
+os.close(release_w)
+"""
+
+
+@pytest.fixture(params=["cgroup", "split"])
+def memory_bound(request, monkeypatch) -> str:
+    """Each way a call's memory limit holds its processes together: a memory cgroup, and without one."""
+    if request.param == "cgroup" and sandbox.memory_cgroups() is None:
+        pytest.skip("this process may make no memory cgroup here")
+    if request.param == "split":
+        monkeypatch.setattr(sandbox, "memory_cgroups", lambda: None)  # as in a pod whose cgroup is read-only
+    return request.param
+
+
+def test_the_memory_limit_holds_all_of_a_calls_processes_together(memory_bound: str) -> None:
+    limits = Limits(wall_seconds=120, cpu_seconds=30, memory_bytes=256 << 20, processes=8)
+    outcome = run_python(FIVE_HOGS, limits)
+    held = int(outcome.stdout.split()[0]) if outcome.stdout else 0  # nothing printed: the call was ended whole
+    assert held * 120 <= 256, outcome  # before: all five held theirs, 600 MiB under a 256 MiB limit
+    if memory_bound == "cgroup":
+        assert outcome.stopped_by == "memory"  # the kernel killed what passed the call's cgroup
+    else:
+        assert outcome.ok and "0 held at once; 5 MemoryError" in outcome.stdout  # 32 MiB of address space each
+
+
+#: Memory that outlives every address space it was in: 60 memfds, or SysV segments filled then detached, of 16 MiB.
+MEMFD_HOARD = """
+import os
+for n in range(60):
+    os.write(os.memfd_create("hoard"), b"x" * (16 << 20))
+print("held 960 MiB")
+"""
+SHM_HOARD = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+for n in range(60):
+    segment = libc.shmget(0, 16 << 20, 0o1600)
+    if segment < 0:
+        raise PermissionError(ctypes.get_errno(), "shmget refused")
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, 16 << 20)
+    libc.shmdt(ctypes.c_void_p(address))  # detached: no address space holds it, the segment does
+print("held 960 MiB")
+"""
+
+
+@pytest.mark.parametrize("attack", [MEMFD_HOARD, SHM_HOARD], ids=["memfd", "sysv-shm"])
+def test_memory_no_address_space_counts_is_refused(memory_bound: str, attack: str) -> None:
+    outcome = run_python(attack, Limits(wall_seconds=60, cpu_seconds=30, memory_bytes=256 << 20))
+    assert "held 960 MiB" not in outcome.stdout  # before: 60 memfds of 16 MiB each, under RLIMIT_AS alone
+    assert "PermissionError" in outcome.stderr
+
+
+def test_the_scratch_folder_holds_no_more_than_its_size_nor_its_files() -> None:
+    code = (
+        "import os\n"
+        "written = files = 0\n"
+        "try:\n"
+        "    for n in range(200):\n"
+        "        with open(f'big-{n}', 'wb') as out:\n"
+        "            out.write(b'x' * (1 << 20))\n"
+        "        written += 1\n"
+        "except OSError as error:\n"
+        "    print(written, 'MiB', error.strerror)\n"
+        "try:\n"
+        "    for n in range(100_000):\n"
+        "        open(f'empty-{n}', 'w').close()\n"
+        "        files += 1\n"
+        "except OSError as error:\n"
+        "    print(files, 'files', error.strerror)\n"
+    )
+    outcome = run_python(code, Limits(wall_seconds=120, cpu_seconds=60, scratch_bytes=16 << 20))
+    size, count = outcome.stdout.splitlines()
+    written = int(size.split()[0])
+    assert written <= 16 and size.endswith("No space left on device")  # before: 200 MiB, on the node's disk
+    assert int(count.split()[0]) < 4096 and count.endswith("No space left on device")
+
+
+def launchers_of_this_process() -> int:
+    """The sandbox runs under way in this process: the launchers it started itself."""
+    count = 0
+    for pid in sandbox_processes():
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:  # ended while we looked
+            continue
+        count += parent == os.getpid()
+    return count
+
+
+def test_no_more_calls_run_at_once_than_a_worker_allows() -> None:
+    seen = []
+    sandbox.set_calls_at_once(2)
+    try:
+        with ThreadPoolExecutor(6) as threads:  # six episodes' tool calls at once, as a worker's steps make them
+            calls = [
+                threads.submit(run_python, "import time\ntime.sleep(1.5)", Limits(wall_seconds=60)) for _ in range(6)
+            ]
+            while not all(call.done() for call in calls):
+                seen.append(launchers_of_this_process())
+                time.sleep(0.02)
+    finally:
+        sandbox.set_calls_at_once(sandbox.DEFAULT_CALLS_AT_ONCE)
+    assert all(call.result().ok for call in calls)
+    assert max(seen) == 2  # before: all six at once (a worker's 32 steps could each run one)

@@ -39,9 +39,11 @@ def separate_rollout_manifest(model_dir: Path, tensor_parallel: int) -> dict:
 
 
 def shared_memory_segments() -> set[str]:
-    """Python's shared-memory segments (vLLM's shm_broadcast queues among them) and named semaphores
-    (multiprocessing's locks: vLLM's executor shares one with its shard processes) on this machine."""
-    return {path.name for pattern in ("psm_*", "sem.mp-*") for path in Path("/dev/shm").glob(pattern)}
+    """Python's shared-memory segments (vLLM's shm_broadcast queues among them), named semaphores
+    (multiprocessing's locks: vLLM's executor shares one with its shard processes) and the segments of vLLM's
+    CPU communicator (a colocated engine split over ranks) on this machine."""
+    patterns = ("psm_*", "sem.mp-*", "*cpushm*")
+    return {path.name for pattern in patterns for path in Path("/dev/shm").glob(pattern)}
 
 
 def mapped_by_a_process(segment: str) -> bool:
@@ -135,4 +137,97 @@ def test_a_separate_grpo_job_with_a_two_way_split_engine_trains_and_its_engine_m
         assert record["rollout/logprob_diff_max"] <= TOLERANCE  # every sampled token against the trainer
     # the split engine's queues (a few hundred MB of /dev/shm) went with the job: the replica was stopped,
     # not only killed
+    assert not leaked_segments(before)
+
+
+# -- colocated: the engine split over the trainer's ranks (vLLM's external launcher) --------------------------
+def colocated_manifest(model_dir: Path, tensor_parallel: int) -> dict:
+    """test_vllm_engine's greedy engine, colocated in the actor's ranks and split over `tensor_parallel` of them."""
+    job = manifest(model_dir, 0.0, placement="colocated", tensorParallelSize=tensor_parallel)
+    job["spec"]["resources"] = {"actor": {"replicas": 2, "cpus": 1}}
+    return job
+
+
+def colocated_rank(rank: int, world: int, model_dir: str, rendezvous: str, out: str) -> None:
+    """One trainer rank holding its shard of a colocated engine split `world` ways: greedy answers, a sync of the
+    full perturbed weights (what each rank gathers from FSDP), greedy answers again, and its shard's heads."""
+    import torch.distributed as dist
+    from transformers import AutoTokenizer
+
+    from kuberl.api import parse_rljob
+    from kuberl.runtime.engines.vllm import VLLMRolloutEngine
+
+    torch.set_num_threads(1)
+    if world > 1:  # the trainer's process group, which the shards join
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    spec = parse_rljob(colocated_manifest(Path(model_dir), world)).spec
+    engine = VLLMRolloutEngine.create(spec, model_dir, torch.device("cpu"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        prompts = [tokenizer(text)["input_ids"] for text in TEXTS]
+        params = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+
+        def answers() -> tuple[list[list[int]], list[list[float]]]:
+            generations = engine.generate(prompts, params)
+            return [g[0].token_ids for g in generations], [g[0].logprobs for g in generations]
+
+        before = answers()
+        engine.load_weights(
+            (name, p.detach()) for name, p in perturbed(hf_model(Path(model_dir)), seed=5).named_parameters()
+        )
+        after = answers()
+        heads = engine.llm.collective_rpc(_first_layer_heads)  # in this process: this rank's shard only
+        torch.save({"before": before, "after": after, "heads": heads}, Path(out) / f"{world}-{rank}.pt")
+    finally:
+        engine.shutdown()  # vLLM's teardown destroys the default process group too
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_a_colocated_engine_split_over_two_ranks_decodes_greedily_as_one_does_before_and_after_a_sync(
+    rank_pool, counter_dir: Path, tmp_path: Path
+):
+    for world in (1, 2):  # one engine at a time: this machine has two cores
+        rank_pool.run(
+            colocated_rank, world, world, str(counter_dir), str(tmp_path / f"rendezvous-{world}"), str(tmp_path)
+        )
+    one, *two = [torch.load(tmp_path / name) for name in ("1-0.pt", "2-0.pt", "2-1.pt")]
+    assert one["heads"] == [4] and [rank["heads"] for rank in two] == [[2], [2]]  # each rank holds half the heads
+    for rank in two:  # the ranks of a group generate together and answer alike, as the unsplit engine does
+        for when in ("before", "after"):
+            (one_tokens, one_logprobs), (tokens, logprobs) = one[when], rank[when]
+            assert tokens == one_tokens
+            for expected, got in zip(one_logprobs, logprobs, strict=True):
+                torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=TOLERANCE, rtol=0)
+    assert one["after"][0] != one["before"][0]  # the sync changed what the engines answer
+
+
+@pytest.mark.parametrize(
+    ("steps", "lora"),
+    [(2, None), (1, {"rank": 4, "alpha": 8})],  # a LoRA actor's adapters load into each rank's shard
+    ids=["full-weights", "lora-adapter"],
+)
+def test_a_colocated_grpo_job_with_an_engine_split_over_its_two_ranks_trains_and_matches_the_trainer(
+    ray_session, tmp_path, steps, lora
+):
+    job = demo_job(
+        **{
+            "rollout.engine": "vllm",
+            "rollout.tensorParallelSize": 2,
+            "rollout.verifySync": True,
+            "rollout.verifySyncTolerance": TOLERANCE,
+            "training.totalSteps": steps,
+            "checkpoint.exportHf": False,
+            **({"models.actor.lora": lora} if lora else {}),
+        }
+    )
+    assert job.spec.resources.actor.world_size == 2 and job.spec.rollout.placement == "colocated"
+    before = shared_memory_segments()
+    run = run_job(job, tmp_path, demo_base_dir(), progress=False)
+    assert [record["step"] for record in run.history] == list(range(1, steps + 1))
+    for record in run.history:
+        assert record["sync/max_logprob_diff"] <= TOLERANCE  # the probe after each sync, in the split engine
+        assert record["rollout/logprob_diff_max"] <= TOLERANCE  # every sampled token against the trainer
+    # the split engine's communicator segments went with the job (vLLM leaves them until its process exits, and
+    # the workers are stopped, then killed)
     assert not leaked_segments(before)

@@ -97,7 +97,10 @@ def test_a_verl_gsm8k_grpo_job_learns_with_every_verl_feature_on(ray_session, tm
     job = parse_rljob(verl_job(tmp_path, model))
     output = tmp_path / "run"
     run = run_job(job, output, tmp_path, progress=False)
-    history = run.history
+    # verl validates before training by default (trainer.val_before_train): the untrained model's record is step 0
+    before, *history = run.history
+    assert before["step"] == 0 and 0.0 <= before["val/mean@8"] <= 1.0
+    assert not any(key.startswith(("reward/", "actor/")) for key in before)
 
     # verl's gsm8k scorer, chosen by each record's data_source, scores 0 or 1; the mean rises well beyond noise:
     # it starts near 0.13 (one answer in ten, a bit better for the format pass), a step's mean over 64 responses
@@ -128,7 +131,7 @@ def test_a_verl_gsm8k_grpo_job_learns_with_every_verl_feature_on(ray_session, tm
     # the trackers hold exactly what metrics.jsonl holds, step by step
     lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     expected = {line["step"]: tracked_metrics(line) for line in lines}
-    assert sorted(expected) == list(range(1, STEPS + 1))
+    assert sorted(expected) == list(range(0, STEPS + 1))
 
     wandb_run, wandb_history = wandb_offline_run(output)
     assert (wandb_run["project"], wandb_run["name"], wandb_run["tags"]) == (

@@ -91,10 +91,27 @@ BROKEN = [
         "cannot scale",
     ),
     (
-        "tensor parallel in a colocated engine",
-        {"rollout.tensorParallelSize": 2, "resources.actor": {"gpus": 2}},
+        "a colocated engine split over ranks the actor does not have",
+        {"rollout.tensorParallelSize": 2, "rollout.engine": "vllm", "resources.actor": {"replicas": 3}},
         "spec.rollout.tensorParallelSize",
-        "needs rollout.placement: separate",
+        "the actor has 3",
+    ),
+    (
+        "a colocated engine split across pods",
+        {"rollout.tensorParallelSize": 2, "rollout.engine": "vllm", "resources.actor": {"replicas": 2, "gpus": 1}},
+        "spec.resources.actor.gpus",
+        "must be a multiple of 2",
+    ),
+    (
+        "a colocated engine split over ranks with episodes",
+        {
+            "rollout.tensorParallelSize": 2,
+            "rollout.engine": "vllm",
+            "resources.actor": {"gpus": 2},
+            "environment": {"name": "python"},
+        },
+        "spec.rollout.tensorParallelSize",
+        "multi-turn episodes",
     ),
     (
         "tensor parallel with the hf engine",
@@ -479,6 +496,10 @@ VALID = [
         {"algorithm.rolloutCorrection": {"rejection": "geometric"}, "rollout.useEngineLogprobs": True},
     ),
     ("validation with prompts", {"training.validationEverySteps": 5, "data.validation": "/v.jsonl"}),
+    (
+        "a colocated engine split over the two GPUs of each actor pod",
+        {"rollout.tensorParallelSize": 2, "rollout.engine": "vllm", "resources.actor": {"replicas": 2, "gpus": 2}},
+    ),
     (
         "validation before training with prompts",
         {"training.validateBeforeTraining": True, "data.validation": "/v.jsonl"},

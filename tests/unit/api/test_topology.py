@@ -1,11 +1,12 @@
 """plan_topology: which pods each role gets, which roles share them, and what each actor asks for."""
 
+import copy
 from typing import Any
 
 import pytest
 
 from kuberl.api import Role, parse_rljob
-from kuberl.api.topology import Topology, plan_topology
+from kuberl.api.topology import Topology, plan_topology, tool_calls_at_once
 
 ACTOR, CRITIC, REFERENCE, REWARD, ROLLOUT = Role
 
@@ -143,3 +144,24 @@ def test_without_a_reward_pool_the_environment_worker_runs_on_the_head(minimal_m
     group = plan.environment
     assert group is not None and (group.pool, group.actors, group.cpus) == ("head", 1, 0.5)
     assert plan.head.offered_resources == {"kuberl_head": 2.0}
+
+
+def test_a_reward_pool_that_runs_tools_is_bounded_for_its_calls_at_once_unless_it_says_its_memory(
+    minimal_manifest: dict,
+):
+    environment = {"name": "python", "maxEpisodeTokens": 256, "toolMemoryMib": 512}
+    plan = topology(minimal_manifest, environment=environment, resources={"reward": {"replicas": 2, "cpus": 8}})
+    # the environment worker has 4 of the pod's 8 CPUs: 4 calls at once of 512 + 64 MiB, and 2048 MiB for the rest
+    assert tool_calls_at_once(plan.environment.cpus) == 4
+    assert plan.pool("reward").memory == f"{2048 + 4 * (512 + 64)}Mi"
+    assert plan.pool("reward").ephemeral_storage == "8Gi"
+    said = topology(minimal_manifest, resources={"reward": {"replicas": 2, "cpus": 8, "memory": "64Gi"}})  # tools too
+    assert said.pool("reward").memory == "64Gi"
+
+
+def test_a_worker_runs_at_least_one_call_and_pools_without_tools_get_no_default_limits(minimal_manifest: dict):
+    plain = topology(copy.deepcopy(minimal_manifest), resources={"reward": {"replicas": 2, "cpus": 8}})
+    plan = topology(minimal_manifest, environment={"name": "python", "maxEpisodeTokens": 256})
+    assert tool_calls_at_once(plan.environment.cpus) == 1  # half a CPU on the head
+    assert plan.head.ephemeral_storage == "8Gi"  # the head's memory is the operator's setting
+    assert (plain.pool("reward").memory, plain.pool("reward").ephemeral_storage) == (None, None)

@@ -334,11 +334,36 @@ def test_the_head_serves_the_runtime_metrics_on_a_named_port_and_only_the_head()
         assert contract.METRICS_PORT_ENV not in {entry["name"] for entry in worker["env"]}
 
 
+def test_every_pod_knows_the_uid_of_its_rljob_which_tells_a_job_created_again_under_its_name_apart():
+    rayjob = rayjob_for({"resources": {"reward": {"replicas": 1}}})
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    for group in [cluster["headGroupSpec"], *groups(rayjob).values()]:
+        assert {"name": contract.JOB_UID_ENV, "value": UID} in container(group)["env"]
+
+
+def test_the_pods_that_run_tool_calls_get_memory_and_ephemeral_storage_limits():
+    environment = {"name": "python", "maxEpisodeTokens": 256, "toolMemoryMib": 256}
+    rayjob = rayjob_for({"environment": environment, "resources": {"reward": {"replicas": 1, "cpus": 4}}})
+    reward = container(groups(rayjob)["reward"])["resources"]
+    # 2 calls at once (2 of the pod's 4 CPUs are the environment worker's), 256 + 64 MiB each, 2048 MiB besides
+    assert reward["limits"] == reward["requests"] == {"cpu": "4", "memory": "2688Mi", "ephemeral-storage": "8Gi"}
+    assert "ephemeral-storage" not in container(groups(rayjob)["actor"])["resources"]["limits"]
+    head = container(rayjob["spec"]["rayClusterSpec"]["headGroupSpec"])["resources"]["limits"]
+    assert "ephemeral-storage" not in head  # the tools run on the reward pool's pods
+    on_head = rayjob_for({"environment": environment})
+    assert container(on_head["spec"]["rayClusterSpec"]["headGroupSpec"])["resources"]["limits"][
+        "ephemeral-storage"
+    ] == ("8Gi")
+
+
 def test_the_stop_grace_period_reaches_rays_job_supervisor_and_every_pod():
     rayjob = rayjob_for({"runPolicy": {"stopGracePeriodSeconds": 600}, "resources": {"reward": {"replicas": 1}}})
     runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
     assert runtime_env == {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "600"}}
     assert [pod["terminationGracePeriodSeconds"] for pod in all_pod_specs(rayjob)] == [615, 615, 615]
+    # a stopped pod's `ray start` keeps its processes, drained, for as long (runtime/checkpoint/preemption.py)
+    for pod in all_pod_specs(rayjob):
+        assert {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "600"} in pod["containers"][0]["env"]
 
 
 def test_a_pod_templates_longer_grace_period_is_kept():

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from kuberl.api import parse_rljob
-from kuberl.operator.specdiff import runtime_spec_changed, unsafe_changes
+from kuberl.api.specdiff import runtime_spec_changed, unsafe_changes
 from tests.unit.operator.conftest import base_spec, make_rljob
 
 

@@ -1,6 +1,7 @@
 """runtime/health.py: when a run of NaN steps or of failing rewards ends the job, as table tests; and the
 trainer's optimiser step that skips a non-finite update (engines/fsdp.py) on a real tiny model."""
 
+import json
 import math
 
 import pytest
@@ -86,6 +87,72 @@ def test_reward_failures_are_judged_only_once_the_window_is_full():
     assert guard.observe(1, {"reward/failed": 10}, None) is None
     assert guard.observe(2, {"reward/failed": 10}, None) is None
     assert isinstance(guard.observe(3, {"reward/failed": 10}, None), RewardFailureError)
+
+
+def test_a_run_shorter_than_the_window_is_judged_at_its_last_step_over_the_steps_it_had():
+    guard = failures(0.5, window=5)
+    assert guard.observe(1, {"reward/failed": 10}, None) is None
+    error = guard.observe(2, {"reward/failed": 10}, "TimeoutError: the endpoint did not answer", final=True)
+    assert isinstance(error, RewardFailureError)
+    assert str(error) == (
+        "reward function my.rewards:judge failed on 20 of 20 samples (100%) in steps 1 to 2, more than "
+        "spec.reward.maxFailureFraction (0.5); the last failure: TimeoutError: the endpoint did not answer"
+    )
+
+
+def test_a_resumed_run_judges_the_same_window_as_one_that_never_stopped(minimal_manifest):
+    job = parse_rljob(minimal_manifest)  # failureWindowSteps 5, maxFailureFraction 0.5
+
+    def step(n_failed: int) -> dict[str, float]:
+        return {"reward/failed": n_failed, "reward/samples": 32}
+
+    failed = [0, 0, 0, 0, 32, 32]  # steps 5 and 6 fail entirely: 64 of 160 over steps 2..6, 40%
+    straight = RunHealth.from_spec(job.spec)
+    verdicts = [straight.observe(n, step(f), final=n == 6) for n, f in enumerate(failed, 1)]
+    assert verdicts == [None] * 6
+    before = RunHealth.from_spec(job.spec)
+    for n, f in enumerate(failed[:4], 1):
+        before.observe(n, step(f))
+    saved = json.loads(json.dumps(before.state()))  # as the checkpoint of step 4 keeps it (train_state.json)
+    resumed = RunHealth.from_spec(job.spec)
+    resumed.restore(saved)
+    assert resumed.observe(5, step(32)) is None
+    assert resumed.observe(6, step(32), final=True) is None  # over steps 2..6, as above
+    fresh = RunHealth.from_spec(job.spec)  # what it judged without the window: steps 5..6 alone, 100%
+    fresh.observe(5, step(32))
+    assert isinstance(fresh.observe(6, step(32), final=True), RewardFailureError)
+
+
+def test_a_step_that_fails_the_job_is_never_checkpointed(minimal_manifest, tmp_path):
+    from types import SimpleNamespace
+
+    from kuberl.runtime.checkpoint.checkpointing import Checkpointing
+    from kuberl.runtime.driver import StepRecorder
+    from kuberl.runtime.loop.controller import StepResult
+    from kuberl.runtime.report.metrics import RunReporter
+    from kuberl.runtime.report.status_publisher import StatusPublisher
+    from tests.unit.runtime.test_step_recorder import ShardWritingGroup
+
+    minimal_manifest["spec"]["checkpoint"] = {"uri": str(tmp_path / "checkpoints")}
+    job = parse_rljob(minimal_manifest)
+    checkpointing = Checkpointing(job, tmp_path)
+    checkpointing.groups = SimpleNamespace(trainers=[ShardWritingGroup()])
+    reporter = RunReporter(tmp_path, 2, show_progress=False)
+    recorder = StepRecorder(
+        SimpleNamespace(total_steps=2),
+        checkpointing,
+        reporter,
+        StatusPublisher(),
+        SimpleNamespace(requested=False),
+        RunHealth.from_spec(job.spec),
+        SimpleNamespace(last_failure="PermissionError: no"),
+    )
+    every_sample_failed = {"reward/failed": 64.0, "reward/samples": 64.0}
+    recorder(StepResult(0, 0, every_sample_failed))
+    with pytest.raises(RewardFailureError, match="in steps 1 to 2"):
+        recorder(StepResult(1, 0, every_sample_failed))  # the last step, which always saves when it passes
+    reporter.close()
+    assert checkpointing.latest is None and not list((tmp_path / "checkpoints").glob("step-*"))
 
 
 def test_a_failed_share_equal_to_the_fraction_passes_and_a_fraction_of_1_never_fails():

@@ -162,6 +162,22 @@ def test_importance_weights_multiply_the_token_loss() -> None:
     assert_close(loss, torch.tensor(-1.25))
 
 
+def test_geo_mean_weighs_a_response_by_the_geometric_mean_of_its_correction_weights() -> None:
+    # On policy (ratio 1) with A = 1: uncorrected, the response's loss is -mean_t(A) * exp(0) = -1.
+    # Weights 1/9 and 1 on its two tokens: geometric mean exp((ln(1/9) + ln 1) / 2) = exp(-ln 3) = 1/3
+    # (their arithmetic mean would be 5/9), so the loss is -1/3: a third of the uncorrected one.
+    # d/d log pi_t = -A * s * w / |y| = -1 * 1 * (1/3) / 2 = -1/6 on each token. The padding token's weight
+    # (100) plays no part.
+    new = torch.zeros(1, 3, requires_grad=True)  # (1, 3)
+    weights = torch.tensor([[1 / 9, 1.0, 100.0]])  # (1, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # (1, 3)
+    inputs = PolicyLossInputs(new, torch.zeros(1, 3), torch.ones(1, 3), mask, weights)
+    loss, _ = policy_loss("geo_mean", inputs, PolicyLossConfig(), "seq_mean_token_mean")
+    loss.backward()
+    assert_close(loss.detach(), torch.tensor(-1 / 3))
+    assert_close(new.grad, torch.tensor([[-1 / 6, -1 / 6, 0.0]]))
+
+
 # ---------------------------------------------------------------- verl's formulas on random inputs
 
 

@@ -143,6 +143,28 @@ def test_damaged_newest_checkpoint_is_skipped_with_a_warning(root: str, caplog, 
     assert newest in warning and reason in warning
 
 
+def save_two_ranks(store: CheckpointStore, step: int) -> str:
+    """A checkpoint whose DCP save spans two ranks: rank 1's shard is a file of its own."""
+    location = store.begin(step)
+    fake_rank_save(location)
+    Location(location).child("actor", "__1_0.distcp").write_bytes(b"rank 1 shard")
+    return store.commit(location, step, {"epoch": 0}, JOB).uri
+
+
+def test_a_checkpoint_missing_a_shard_its_marker_lists_never_becomes_latest_nor_costs_the_good_one(root: str, caplog):
+    store = CheckpointStore(root, keep_last=2)
+    save_two_ranks(store, 10)
+    damaged = save_two_ranks(store, 20)
+    Location(damaged).child("actor", "__1_0.distcp").remove()  # a lost upload, or a hand-deleted file
+    with caplog.at_level(logging.WARNING, logger="kuberl.runtime.checkpoint.store"):
+        assert store.latest().step == 10
+    assert any(damaged in r.getMessage() and "actor/__1_0.distcp is missing" in r.getMessage() for r in caplog.records)
+    save_two_ranks(store, 30)  # keepLast 2 counts 30 and the good 10; the damaged 20 is not one of them
+    assert steps(store) == [10, 20, 30]
+    Location(store.latest().uri).child(MARKER).remove()
+    assert store.latest().step == 10  # the good fallback is still there
+
+
 def test_no_checkpoint_at_all_is_none(root: str):
     assert CheckpointStore(root, keep_last=3).latest() is None
 
@@ -189,12 +211,14 @@ def test_retention_counts_only_valid_checkpoints_and_keeps_a_fallback(root: str)
 
 
 # -- start-up cleaning ------------------------------------------------------------------------------------
-def test_reopening_removes_a_crashed_save_and_keeps_the_commits(root: str):
+def test_opening_leaves_a_crashed_save_and_remove_unfinished_removes_it_keeping_the_commits(root: str):
     store = CheckpointStore(root, keep_last=3)
     save(store, 10)
     crashed = store.begin(20)
     fake_rank_save(crashed)
     reopened = CheckpointStore(root, keep_last=3)
+    assert Location(crashed).exists()  # perhaps another job's save in progress: checkpointing.py decides
+    reopened.remove_unfinished()
     assert not Location(crashed).exists()
     assert reopened.latest().step == 10 and steps(reopened) == [10]
 
@@ -203,7 +227,7 @@ def test_reopening_keeps_a_committed_but_damaged_checkpoint_for_inspection(root:
     store = CheckpointStore(root, keep_last=3)
     damaged = save(store, 10)
     Location(damaged).child("actor", ".metadata").remove()
-    CheckpointStore(root, keep_last=3)
+    CheckpointStore(root, keep_last=3).remove_unfinished()
     assert Location(damaged).exists()
 
 

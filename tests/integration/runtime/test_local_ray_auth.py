@@ -1,0 +1,85 @@
+"""The Ray a local `kuberl run` starts refuses every client without its token (issue #36, item 9).
+
+Ray 2.60 cannot be kept off the network: its GCS, raylet and worker servers bind every interface, and a node
+address of 127.0.0.1 is replaced by a reachable one (runtime/pools/launch.py `use_a_token_of_its_own` cites
+the source). So the run keeps Ray's token authentication on with a token of its own; before, it set
+RAY_AUTH_MODE=disabled and anyone who could reach the machine could join its Ray as a driver and run code.
+
+The run's Ray is started by `start_ray` itself, in a child process (this session's own Ray is already up in
+the pytest process), from an environment that says RAY_AUTH_MODE=disabled, as this test session's does.
+Clients are real drivers in processes of their own, joining by the GCS address the run's Ray listens on.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.runtime.jobs import DEMO
+
+pytestmark = pytest.mark.integration
+
+RUN = """
+import json, os, sys
+import ray
+from kuberl.api import load_rljob_file
+from kuberl.api.topology import plan_topology
+from kuberl.runtime.pools.launch import start_ray
+
+assert start_ray(None, plan_topology(load_rljob_file(sys.argv[1]).spec))
+print(json.dumps({"gcs": ray.get_runtime_context().gcs_address, "token": os.environ.get("RAY_AUTH_TOKEN")}), flush=True)
+sys.stdin.readline()
+ray.shutdown()
+"""
+
+CLIENT = """
+import sys
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+print("ran", ray.get(ray.remote(lambda: 6 * 7).remote()))
+"""
+
+
+def client_env(home: Path, **auth: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH")}
+    return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", **auth}  # no ~/.ray/auth_token to find
+
+
+def join(gcs: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", CLIENT, gcs], env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_a_local_run_s_ray_refuses_a_driver_without_its_token(tmp_path: Path) -> None:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(tmp_path)}
+    run = subprocess.Popen(
+        [sys.executable, "-c", RUN, str(DEMO)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert run.stdout is not None and run.stdin is not None
+        started = json.loads(run.stdout.readline())
+        gcs, token = started["gcs"], started["token"]
+
+        anonymous = join(gcs, client_env(tmp_path, RAY_AUTH_MODE="disabled"))
+        assert anonymous.returncode != 0 and "ran 42" not in anonymous.stdout
+        assert token is not None and len(token) == 64  # 32 random bytes, hex
+        guessed = join(gcs, client_env(tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64))
+        assert guessed.returncode != 0 and "ran 42" not in guessed.stdout
+        holder = join(gcs, client_env(tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
+        assert holder.returncode == 0 and "ran 42" in holder.stdout, holder.stderr[-2000:]
+
+        run.stdin.write("\n")
+        run.stdin.flush()
+        assert run.wait(timeout=120) == 0
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
