@@ -24,13 +24,14 @@ run: venv ## the demo: a real GRPO run on a tiny model, local Ray, CPU
 test: venv ## the whole test suite
 	$(BIN)/python -m pytest
 
-lint: venv ## ruff, mypy (strict on api/ and operator/), import layering
+lint: venv ## ruff, mypy (strict on api/, operator/ and kuberl/verl/), import layering
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	# mypy and import-linter cannot follow setuptools' package-dir mapping, so they read a tree of
 	# links laid out as the installed `kuberl.*` packages.
 	rm -rf .lint-tree && mkdir -p .lint-tree/kuberl
 	ln -s $(CURDIR)/kuberl/*.py $(CURDIR)/kuberl/py.typed .lint-tree/kuberl/
+	ln -s $(CURDIR)/kuberl/verl .lint-tree/kuberl/verl
 	for pkg in api operator runtime; do ln -s $(CURDIR)/$$pkg .lint-tree/kuberl/$$pkg; done
 	cd .lint-tree && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p kuberl
 	cd .lint-tree && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports --config $(CURDIR)/pyproject.toml

@@ -130,7 +130,7 @@ def convert(overrides: dict[str, Any], name: str | None = None) -> Conversion:
     spec: dict[str, Any] = {}
     for dotted in sorted(fields, key=lambda path: path.count(".")):  # parents before their children
         _set(spec, dotted, copy.deepcopy(fields[dotted]))
-    manifest = {
+    manifest: dict[str, Any] = {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
         "metadata": {"name": name or job_name(config["trainer.experiment_name"])},

@@ -47,6 +47,11 @@ def _off(value: Any) -> bool:
     return value in (None, False, 0, "", [], {})
 
 
+def _among(usual: tuple[Any, ...]) -> Callable[[Any], bool]:
+    """The value is one of `usual` (verl's spellings of kuberl's own setting)."""
+    return lambda value: value in usual
+
+
 def _one(value: Any) -> bool:
     """1 as a size (a parallel degree of 1 is no parallelism), not True."""
     return type(value) is int and value == 1
@@ -330,7 +335,7 @@ KNOBS: dict[str, Carry | Lose] = {
 #: reduces gradients and keeps buffers in float32 (runtime/engines/fsdp.py), verl's defaults (fsdp_workers.py).
 MIXED_PRECISION = "kuberl's FSDP2 computes in bfloat16 on GPU and reduces gradients and keeps buffers in float32"
 KNOBS |= {
-    f"{role}.fsdp_config.mixed_precision.{key}": Lose(MIXED_PRECISION, False, lambda value, usual=usual: value in usual)
+    f"{role}.fsdp_config.mixed_precision.{key}": Lose(MIXED_PRECISION, False, _among(usual))
     for role in (ACTOR, REF, CRITIC_MODEL)
     for key, usual in (("param_dtype", ("bf16", "bfloat16")), ("reduce_dtype", ("fp32", "float32", "32", 32)),
                        ("buffer_dtype", ("fp32", "float32", "32", 32)))

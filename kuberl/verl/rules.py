@@ -32,7 +32,7 @@ def lora_rule(config: Config) -> Derived:
 
 
 #: verl's names of a dtype (verl/utils/torch_dtypes.py PrecisionType) -> kuberl's.
-DTYPES = {
+DTYPES: dict[str | int, str] = {
     **dict.fromkeys(("fp32", "float32", "32", 32), "float32"),
     **dict.fromkeys(("bf16", "bfloat16"), "bfloat16"),
     **dict.fromkeys(("fp16", "float16", "16", 16), "float16"),

@@ -8,6 +8,7 @@ the compound commands launch scripts use (`if`, `case`, `for`, `while`, `until`,
 """
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kuberl.verl.shell.errors import ScriptError
@@ -217,7 +218,7 @@ class _Parser:
             body = self.command_list()
             self.expect(")")
             return self._redirected(Group(body, subshell=True, line=token.line))
-        compound = {
+        compounds: dict[str, Callable[[], Node]] = {
             "{": self._group,
             "if": self._if,
             "while": self._while,
@@ -226,7 +227,8 @@ class _Parser:
             "case": self._case,
             "[[": self._test,
             "function": self._function,
-        }.get(word or "")
+        }
+        compound = compounds.get(word or "")
         if compound is not None:
             return self._redirected(compound())
         following, after = self.peek(1), self.peek(2)

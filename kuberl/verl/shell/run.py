@@ -21,6 +21,7 @@ converter cannot decide, it is refused. Bounded: MAX_COMMANDS commands in all, f
 MAX_ELEMENTS elements.
 """
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -245,7 +246,11 @@ class _Runner:
             old = variables.get(word.name)
             if word.append and isinstance(old, Unresolved):
                 return
-            before = () if not word.append or old is None else ((old,) if isinstance(old, str) else old)
+            before: tuple[str, ...] = ()
+            if word.append and isinstance(old, str):
+                before = (old,)
+            elif word.append and isinstance(old, tuple):
+                before = old
             if len(before) + len(elements) > MAX_ELEMENTS:
                 raise ScriptError(f"{word.name}: an array of more than {MAX_ELEMENTS} elements", word.line)
             variables[word.name] = (*before, *elements)
@@ -266,6 +271,7 @@ class _Runner:
         elif append and isinstance(old, tuple):
             variables[name] = (old[0] + value, *old[1:]) if old else (value,)  # bash appends to element 0
         elif append:
+            assert not isinstance(old, Unresolved | tuple)  # both handled above
             variables[name] = (old or "") + value
         else:
             variables[name] = value
@@ -349,7 +355,10 @@ class _Runner:
             if matched is None:
                 where = f"the case on line {node.line}"
                 rest = Case(node.word, node.arms[position + 1 :], node.line)
-                branches = [lambda body=body: self.run(body), lambda rest=rest: self._case(rest)]
+                branches: list[Callable[[], Status]] = [
+                    functools.partial(self.run, body),
+                    functools.partial(self._case, rest),
+                ]
                 self._branches(branches, where, node.line)
                 return None
         return True

@@ -230,13 +230,17 @@ class _Lexer:
                 literal.append(self._advance(1))
         flush()
         if self.position < len(self.text) and self.text[self.position] in "<>" and _is_io_number(parts):
+            digits = parts[0]
+            assert isinstance(digits, Literal)  # _is_io_number
             operator = self._operator()  # 2>&1: the digits belong to the redirection
-            return Operator(self.text[start : start + len(parts[0].text)] + operator.text, line)
+            return Operator(self.text[start : start + len(digits.text)] + operator.text, line)
         return Word(tuple(parts), self.text[start : self.position], line)
 
     def operand(self, quoted: bool) -> list[Part]:
         """The whole text as parts of one word (see operand_parts)."""
-        line, parts, literal = self.line, [], []
+        line = self.line
+        parts: list[Part] = []
+        literal: list[str] = []
 
         def flush() -> None:
             if literal:
