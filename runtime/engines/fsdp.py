@@ -99,15 +99,31 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
+def adamw_implementation(device_type: str) -> dict[str, bool]:
+    """AdamW's kernel for parameters on `device_type`: the fused one on CUDA, the for-loop elsewhere.
+
+    The fused kernel updates every shard in a few launches; the for-loop launches a handful of kernels per
+    parameter, which left the GPU idle: 94 ms against fused AdamW's 16 ms for a 1.5B step on one H200 (#38's
+    profile). torchtitan's default for FSDP2's DTensor parameters is the same ("fused", optimizer.implementation).
+    On the host (CPU runs, and offloaded shards, which live in host memory) the for-loop stays: a CPU run's
+    numbers do not change.
+
+    >>> adamw_implementation("cuda"), adamw_implementation("cpu")
+    ({'fused': True, 'foreach': False}, {'fused': False, 'foreach': False})
+    """
+    return {"fused": device_type == "cuda", "foreach": False}
+
+
 def build_optimizer(
     model: torch.nn.Module, spec: OptimizerSpec, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    trained = [param for param in model.parameters() if param.requires_grad]  # with LoRA: the adapters only
     optimizer = torch.optim.AdamW(
-        [param for param in model.parameters() if param.requires_grad],  # with LoRA: the adapters only
+        trained,
         lr=spec.lr,
         betas=(spec.betas[0], spec.betas[1]),
         weight_decay=spec.weight_decay,
-        foreach=False,
+        **adamw_implementation(trained[0].device.type if trained else "cpu"),
     )
     warmup, schedule = spec.warmup_steps, spec.schedule.value
 

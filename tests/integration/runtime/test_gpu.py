@@ -99,7 +99,8 @@ def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_policy_update_on_the_device_equals_the_update_on_the_host(device: str) -> None:
     """GRPO's update with every input a loss reads (old and reference log-probs, k3 KL in the loss, entropy, two
-    mini-batches of two micro-batches): on a GPU each came from the host in one move, and the losses ran there."""
+    mini-batches of two micro-batches): on a GPU each came from the host in one move, and the losses ran there;
+    the GPU steps with fused AdamW, the host with the for-loop."""
     config = UpdateConfig(world_size=1, kl_in_loss_coef=0.1, kl_estimator="k3", entropy_coef=0.01, **CONFIG)
 
     def updated(on: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -107,6 +108,7 @@ def test_a_policy_update_on_the_device_equals_the_update_on_the_host(device: str
         batch.ref_logprobs = batch.old_logprobs * 0.9
         with one_rank(on):
             trainer = trainer_on(on)
+            assert trainer.optimizer is not None and trainer.optimizer.defaults["fused"] == (on.type == "cuda")
             metrics = update_policy(trainer, batch, config)
             return weights(trainer), metrics
 
