@@ -433,6 +433,16 @@ class KubeRayStandIn:
         path = self.root / "driver-logs" / namespace / f"{rayjob}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def driver_log_so_far(self, namespace: str, rayjob: str) -> str:
+        """The running Ray job's driver output so far, from its head's Jobs API (what `ray job logs` reads); empty
+        before the job was submitted. A RayJob that is deleted never saves its log (`driver_log`)."""
+        status = (self._get(self._path("rayjobs", namespace, rayjob)) or {}).get("status") or {}
+        cluster = self.clusters.get((namespace, status.get("rayClusterName") or ""))
+        if cluster is None or not status.get("jobId"):
+            return ""
+        code, answer = self._driver_log_of(cluster, status["jobId"])
+        return answer if code == 200 else ""
+
     def close(self) -> None:
         """Stop the loop, kill every pod, let go of the stand-in's finalizers, and check no process is left."""
         self._stop.set()
@@ -692,12 +702,18 @@ class KubeRayStandIn:
         except ValueError:
             return code, text
 
-    def _save_driver_log(self, cluster: Cluster, namespace: str, rayjob: str, job_id: str) -> None:
+    def _driver_log_of(self, cluster: Cluster, job_id: str) -> tuple[int, str]:
+        """The Jobs API's answer for a job's driver output: HTTP 200 and the log, or the code and what it said."""
         code, answer = self._jobs_api(cluster, "GET", f"/api/jobs/{job_id}/logs")
+        if code == 200 and isinstance(answer, dict):
+            return code, str(answer.get("logs", ""))
+        return code, str(answer)
+
+    def _save_driver_log(self, cluster: Cluster, namespace: str, rayjob: str, job_id: str) -> None:
+        code, answer = self._driver_log_of(cluster, job_id)
         folder = self.root / "driver-logs" / namespace
         folder.mkdir(parents=True, exist_ok=True)
-        text = answer.get("logs", "") if code == 200 and isinstance(answer, dict) else f"HTTP {code}: {answer}"
-        (folder / f"{rayjob}.log").write_text(text)
+        (folder / f"{rayjob}.log").write_text(answer if code == 200 else f"HTTP {code}: {answer}")
 
     # -- RayCluster and its pods (KubeRay's raycluster_controller and the kubelet) --------------------------------
     def _reconcile_cluster(self, raycluster: dict[str, Any]) -> None:

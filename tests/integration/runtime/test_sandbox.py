@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -128,7 +129,7 @@ def test_the_code_sees_no_credentials_of_the_worker(monkeypatch) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to become non-root")
-def test_the_same_confinement_holds_for_a_caller_that_is_not_root() -> None:
+def test_the_same_confinement_holds_for_a_caller_that_is_not_root(tmp_path) -> None:
     """A Kubernetes pod that runs as non-root: the caller is uid 1000, with no capabilities at all."""
     script = (
         "from kuberl.runtime.sandbox import Limits, run_python\n"
@@ -140,18 +141,9 @@ def test_the_same_confinement_holds_for_a_caller_that_is_not_root() -> None:
         "print(next((line for line in bomb if line.startswith('BlockingIOError')), bomb[-1:]))\n"
         "print(run_python(\"import socket; socket.create_connection(('1.1.1.1', 80))\", small).stderr[-26:])\n"
     )
-    # this machine's Python lives under /root (mode 0700): show uid 1000 the Python folder, nothing more
     setpriv = "setpriv --reuid=1000 --regid=1000 --clear-groups --inh-caps=-all"
     drop = f"exec {setpriv} {sys.executable} -c {shlex.quote(script)}"
-    parts = Path(sys.base_prefix).parts
-    hidden, inner = Path(*parts[:2]), Path(*parts[:3])  # /root, /root/.pyenv
-    as_user = drop
-    if hidden == Path("/root"):
-        as_user = (
-            f"mkdir -p /tmp/kuberl-python-view && mount --bind {inner} /tmp/kuberl-python-view && "
-            f"mount -t tmpfs -o mode=755 tmpfs {hidden} && mkdir -p {inner} && "
-            f"mount --bind /tmp/kuberl-python-view {inner} && {drop}"
-        )
+    as_user = show_to_uid_1000(python_and_checkout(), stage=tmp_path) + drop
     result = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", as_user],
         capture_output=True,
@@ -165,6 +157,41 @@ def test_the_same_confinement_holds_for_a_caller_that_is_not_root() -> None:
     assert loop == "cpu_time"
     assert bomb.startswith("BlockingIOError")  # RLIMIT_NPROC binds for a non-root caller too
     assert network.endswith("Network is unreachable")
+
+
+def python_and_checkout() -> list[Path]:
+    """The folders uid 1000 must read to run `kuberl`: the Python, the virtual environment, this checkout."""
+    checkout = Path(__file__).resolve().parents[3]
+    return [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), checkout]
+
+
+def closed_ancestor(folder: Path) -> Path | None:
+    """The topmost folder above `folder` that others may not enter (no o+x), e.g. /root or a `mktemp -d`."""
+    return next((up for up in reversed(folder.parents) if not os.stat(up).st_mode & stat.S_IXOTH), None)
+
+
+def show_to_uid_1000(folders: list[Path], stage: Path) -> str:
+    """Shell commands, for a private mount namespace, that let uid 1000 reach `folders` and nothing beside them.
+
+    Each closed folder above one of them (this machine's Python lives under /root, mode 0700; a fresh clone may
+    lie in a `mktemp -d`, mode 0700) is covered by an empty tmpfs that anyone may enter, and each folder is bound
+    back at its own path inside it, so every path (the venv's `python` link, the editable install's mapping)
+    still resolves. The folders are staged under `stage` first, which no tmpfs may cover.
+    """
+    needed = [f for f in folders if not any(other in f.parents for other in folders)]
+    needed = list(dict.fromkeys(needed))
+    closed = {up for f in needed if (up := closed_ancestor(f)) is not None}
+    if not closed:
+        return ""
+    covered = [up for up in closed if up == stage or up in stage.parents]
+    assert not covered, f"the staging folder {stage} lies in {covered}, which the tmpfs would hide"
+    commands = []
+    for index, folder in enumerate(needed):
+        commands += [f"mkdir {stage}/{index}", f"mount --bind {shlex.quote(str(folder))} {stage}/{index}"]
+    commands += [f"mount -t tmpfs -o mode=755 tmpfs {shlex.quote(str(up))}" for up in sorted(closed)]
+    for index, folder in enumerate(needed):
+        commands += [f"mkdir -p {shlex.quote(str(folder))}", f"mount --bind {stage}/{index} {shlex.quote(str(folder))}"]
+    return " && ".join(commands) + " && "
 
 
 #: Forks 5 children (with the code's process and the jail's init, 7 of the 8 processes a call may have) that each
