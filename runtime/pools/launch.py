@@ -28,7 +28,7 @@ from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.pools.environment import EnvironmentPool
 from kuberl.runtime.pools.reward import RewardPool
 from kuberl.runtime.pools.rollout import RolloutPool
-from kuberl.runtime.workers.group import WorkerGroup
+from kuberl.runtime.workers.group import WorkerGroup, warm_workers
 from kuberl.runtime.workers.model_worker import ModelWorker, WorkerSetup
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,11 @@ def start_groups(plan: Launch) -> Groups:
     the reward pool and the environment workers start. Whatever was started is stopped again if any part fails."""
     started: dict[Role | str, WorkerGroup] = {}
     pools: list[Any] = []  # the rollout, reward and environment pools started so far
+    warm = warm_workers()
+    if warm is not None:  # idle workers of earlier runs that this one cannot use give their resources back first
+        warm.retain(
+            {warm.shape(ModelWorker, group, None) for group in plan.topology.groups if group.name in MODEL_GROUPS}
+        )
     try:
         for group in plan.topology.groups:
             if group.name in MODEL_GROUPS:

@@ -6,8 +6,9 @@ actors land on their own pods; a local run starts Ray offering what every pool o
 (runtime/pools/launch.py).
 """
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
@@ -40,6 +41,104 @@ def call_outcome(ref: Any) -> tuple[Any, BaseException | None]:
         return None, error
 
 
+class WarmWorkers:
+    """Worker processes kept between the runs of one driver process, for the next run that asks for the same.
+
+    A Ray actor is a process of its own, and a model worker's process spends seconds importing torch, FSDP and
+    transformers before it does anything (more on a busy machine). A driver that runs one job after another in
+    the same Ray (the test suite, a benchmark, a sweep from a notebook) can keep the processes of a run that
+    ended well and hand them to the next run's group of the same shape: the same worker class, CPUs, GPUs, pool
+    resource and environment. A kept worker is made new (`reset(rank, world_size)`: the class's `__init__`
+    again) before it is used. A group is kept only when every rank answered `shutdown` with True in time (the
+    worker says whether its process can host another run: a model worker that started vLLM cannot, since vLLM
+    keeps state of its own in the process); a group with a rank that died, failed its shutdown or did not
+    answer is killed, as without this.
+
+    Off unless `keep_workers_warm()` is entered: `kuberl run` and a job on Kubernetes run one job per driver,
+    and their workers end with it. Idle workers hold their Ray resources, so `retain` stops those the next run
+    cannot use before it starts anything, and leaving `keep_workers_warm()` stops them all.
+    """
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[Any, ...], list[Any]] = {}
+        self._ray_job: str | None = None  # idle workers belong to the Ray they were started in
+
+    def shape(self, worker_cls: type, group: ActorGroup, env: dict[str, str] | None) -> tuple[Any, ...]:
+        """What a kept worker must match to serve `group`: what its process is and what Ray gave it."""
+        return (
+            worker_cls,
+            group.cpus,
+            group.gpus,
+            tuple(sorted(group.ray_resources.items())),
+            tuple(sorted((env or {}).items())),
+        )
+
+    def _same_ray(self) -> None:
+        job = ray.get_runtime_context().get_job_id() if ray.is_initialized() else None
+        if job != self._ray_job:  # a new Ray (or a new driver of it): the old one's actors are gone
+            self._idle, self._ray_job = {}, job
+
+    def retain(self, keys: set[tuple[Any, ...]]) -> None:
+        """Stop the idle workers that none of `keys` can use (their resources are free for the next run)."""
+        self._same_ray()
+        for key in [key for key in self._idle if key not in keys]:
+            for worker in self._idle.pop(key):
+                ray.kill(worker)
+
+    def take(self, key: tuple[Any, ...], world_size: int) -> list[Any]:
+        """Up to `world_size` idle workers of `key`, reset as ranks 0.. of a new group (the dead ones dropped)."""
+        self._same_ray()
+        idle = self._idle.get(key, [])
+        taken, self._idle[key] = idle[:world_size], idle[world_size:]
+        if not taken:
+            return []
+        resets = [worker.reset.remote(rank, world_size) for rank, worker in enumerate(taken)]
+        ready, _ = ray.wait(resets, num_returns=len(resets), timeout=STOP_TIMEOUT_S)
+        alive = []
+        for worker, reset in zip(taken, resets, strict=True):
+            if reset in ready and call_outcome(reset)[1] is None:
+                alive.append(worker)
+            else:
+                ray.kill(worker)
+        return alive
+
+    def give(self, key: tuple[Any, ...], workers: list[Any]) -> None:
+        self._same_ray()
+        self._idle.setdefault(key, []).extend(workers)
+
+    def idle(self) -> list[Any]:
+        """The workers kept now, waiting for a run."""
+        return [worker for workers in self._idle.values() for worker in workers]
+
+    def stop_all(self) -> None:
+        self.retain(set())
+
+
+#: The kept workers while `keep_workers_warm()` is entered, else None.
+_warm: WarmWorkers | None = None
+
+
+@contextlib.contextmanager
+def keep_workers_warm() -> Iterator[WarmWorkers]:
+    """Within: worker groups reuse the processes of earlier runs of this driver (WarmWorkers says when).
+    Entered again inside, it keeps the outer one's workers."""
+    global _warm
+    if _warm is not None:
+        yield _warm
+        return
+    _warm = warm = WarmWorkers()
+    try:
+        yield warm
+    finally:
+        _warm = None
+        warm.stop_all()
+
+
+def warm_workers() -> WarmWorkers | None:
+    """The kept workers, while `keep_workers_warm()` is entered."""
+    return _warm
+
+
 class WorkerGroup:
     """The `group.actors` ranks of one group; rank r is `workers[r]`."""
 
@@ -49,7 +148,11 @@ class WorkerGroup:
         remote: Any = ray.remote(worker_cls).options(
             **ray_actor_options(group), runtime_env={"env_vars": env or {}}, max_concurrency=1
         )
-        self.workers: list[Any] = [remote.remote(rank, self.world_size) for rank in range(self.world_size)]
+        warm = _warm
+        self._key = warm.shape(worker_cls, group, env) if warm is not None else None
+        self.workers: list[Any] = warm.take(self._key, self.world_size) if warm is not None and self._key else []
+        self.reused = len(self.workers)  # how many of the ranks came from an earlier run (WarmWorkers)
+        self.workers += [remote.remote(rank, self.world_size) for rank in range(self.reused, self.world_size)]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """The same call on every rank; results in rank order. Within a step, bounded by its deadline."""
@@ -73,7 +176,13 @@ class WorkerGroup:
         """Ask every worker to shut down (its engine and process group; see ModelWorker.shutdown), then kill
         them: a worker that does not answer within `timeout_s` is killed anyway."""
         calls = [worker.shutdown.remote() for worker in self.workers]
-        ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
+        done, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
+        warm = _warm
+        if warm is not None and self._key is not None and len(done) == len(calls):
+            if all(call_outcome(call) == (True, None) for call in calls):  # every rank can host another run
+                warm.give(self._key, self.workers)
+                self.workers = []
+                return
         self.kill()
 
     def kill(self) -> None:

@@ -12,6 +12,7 @@ adapters switched off instead of a second copy of the weights.
 
 import os
 import socket
+import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -332,13 +333,22 @@ class ModelWorker:
 
         return str(export_hf(checkpoint_uri, base_model, directory, tokenizer_path=str(self.tokenizer_at.resolve())))
 
-    def shutdown(self) -> None:
-        """The colocated engine stopped (a split one removes its shared memory), then the process group."""
+    def shutdown(self) -> bool:
+        """The colocated engine stopped (a split one removes its shared memory), then the process group.
+
+        True when this process can host another run (group.WarmWorkers): not after vLLM ran in it, whose
+        in-process engine leaves state of its own behind (its parallel groups, its compilation config)."""
         if self.engine is not None and hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
-            self.engine = None
+        self.engine = None
         if dist.is_initialized():  # vLLM's teardown may have destroyed it already
             dist.destroy_process_group()
+        return "vllm" not in sys.modules
+
+    def reset(self, rank: int, world_size: int) -> None:
+        """This process as a new worker, rank `rank` of `world_size`: what `__init__` makes (WarmWorkers)."""
+        self.__dict__.clear()
+        self.__init__(rank, world_size)  # type: ignore[misc]  # the same fields a new actor starts with
 
 
 def export_lora_actor(worker: ModelWorker, directory: str, source_path: str) -> str | None:

@@ -44,9 +44,20 @@ print("ran", ray.get(ray.remote(lambda: 6 * 7).remote()))
 """
 
 
+#: How many one-second attempts a client makes to reach the GCS (Ray's default is 20, then it gives up). A refused
+#: client tries them all; the token holder, given the same few, gets in at the first.
+CONNECT_ATTEMPTS = "5"
+
+
 def client_env(home: Path, **auth: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH")}
-    return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", **auth}  # no ~/.ray/auth_token to find
+    return {
+        **env,
+        "HOME": str(home),  # no ~/.ray/auth_token to find
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_gcs_server_port_wait_time_s": CONNECT_ATTEMPTS,  # ray/_private/node.py _init_gcs_client
+        **auth,
+    }
 
 
 def join(gcs: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
