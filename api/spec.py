@@ -712,7 +712,8 @@ class TrainingSpec(KuberlModel):
     compute_dtype: ComputeDType = Field(
         ComputeDType.AUTO,
         description="Precision of the trainers' forward and backward passes; parameters, gradients and optimiser "
-        "state keep the model's dtype. auto: bfloat16 on GPU (FSDP2 mixed precision), float32 on CPU. bfloat16 on "
+        "state keep the model's dtype. auto: bfloat16 on GPU (FSDP2 mixed precision over several ranks, torch.autocast "
+        "on a single one, which keeps the plain module), float32 on CPU. bfloat16 on "
         "CPU runs under torch.autocast: about 4x faster matrix products on CPUs with AVX512-BF16 or AMX.",
     )
 

@@ -47,16 +47,18 @@ def apply_fsdp(
     """Shard each decoder layer, then the root, over all ranks.
 
     On GPU a bfloat16 `compute_dtype` is FSDP2's mixed precision (gathered in bf16, gradients reduced
-    in fp32). On CPU FSDP2 never casts (the trainer's forward runs under `torch.autocast` instead), and
-    a single CPU rank keeps the plain module: there is nothing to shard, and FSDP2's per-layer unshard
-    and gradient copies cost ~10% of a step here (bench/vs_trl.py). Checkpoints are the same either way
-    (DCP state dicts are keyed by name; see test_checkpoint_state).
+    in fp32). On CPU FSDP2 never casts (the trainer's forward runs under `torch.autocast` instead).
+    A single rank keeps the plain module (`runs_unsharded`): there is nothing to shard, and FSDP2's per-layer
+    unshard and gradient copies cost ~10% of a step on CPU (bench/vs_trl.py) and left a single H200 host-bound
+    (#38's profile: 1.69 s against plain PyTorch's 1.09 s for a 1.5B update); its forward runs under
+    `torch.autocast` in the compute dtype, as plain PyTorch's mixed precision does. Checkpoints are the same
+    either way (DCP state dicts are keyed by name; see test_checkpoint_state).
 
     `offload`: FSDP2's CPUOffloadPolicy on every unit (the shards, gradients and optimiser state in host memory);
     pinned memory on GPU for faster copies, unpinned on CPU (pinning needs CUDA). A single CPU rank holds
-    everything in host memory already.
+    everything in host memory already; a single GPU rank that offloads stays under FSDP2, which does the copies.
     """
-    if world_size == 1 and device_type == "cpu":
+    if runs_unsharded(world_size, device_type, offload):
         return model
     mesh = init_device_mesh(device_type, (world_size,))
     policy = (
@@ -73,6 +75,32 @@ def apply_fsdp(
             module.set_gradient_divide_factor(1.0)  # sum, not average: each rank's loss is already its share
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM collective (gloo has no PREMUL_SUM)
     return model
+
+
+def runs_unsharded(world_size: int, device_type: str, offload: bool) -> bool:
+    """Whether a trainer keeps its plain module instead of FSDP2's units: a single rank, unless it is a GPU rank
+    whose shards live in host memory (FSDP2's offload moves them).
+
+    >>> runs_unsharded(1, "cuda", False), runs_unsharded(1, "cuda", True), runs_unsharded(2, "cuda", False)
+    (True, False, False)
+    >>> runs_unsharded(1, "cpu", True), runs_unsharded(2, "cpu", False)
+    (True, False)
+    """
+    return world_size == 1 and (device_type == "cpu" or not offload)
+
+
+def autocast_dtype(device_type: str, compute_dtype: torch.dtype, sharded: bool) -> torch.dtype | None:
+    """The dtype a trainer's forward passes run under `torch.autocast` in, or None: whenever it computes in less
+    than fp32 and FSDP2 does not cast for it (FSDP2's mixed precision casts on GPU only, and only a sharded model).
+
+    >>> autocast_dtype("cuda", torch.bfloat16, sharded=True), autocast_dtype("cuda", torch.bfloat16, sharded=False)
+    (None, torch.bfloat16)
+    >>> autocast_dtype("cpu", torch.bfloat16, sharded=True), autocast_dtype("cuda", torch.float32, sharded=False)
+    (torch.bfloat16, None)
+    """
+    if compute_dtype == torch.float32 or (device_type == "cuda" and sharded):
+        return None
+    return compute_dtype
 
 
 def offloaded_to_cpu(model: torch.nn.Module) -> bool:
@@ -179,8 +207,9 @@ class FSDPTrainer:
         # and copies its shard back, so the whole model is never on the device at once
         self.model = apply_fsdp(model if offload else model.to(device), world_size, device.type, compute_dtype, offload)
         self.padding_free = padding_free  # training.paddingFree: packed forwards (engines/packing.py)
-        # CPU mixed precision: forward passes under autocast (its backward follows the forward's dtypes)
-        self.cpu_autocast_dtype = compute_dtype if device.type == "cpu" and compute_dtype != torch.float32 else None
+        # mixed precision FSDP2 does not do: forward passes under autocast (its backward follows the forward's dtypes)
+        sharded = any(isinstance(module, FSDPModule) for module in self.model.modules())
+        self.autocast_dtype = autocast_dtype(device.type, compute_dtype, sharded)
         self.optim_spec = optim
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -190,9 +219,9 @@ class FSDPTrainer:
 
     # -- forward passes -------------------------------------------------------------------------
     def _autocast(self, full_precision: bool = False) -> contextlib.AbstractContextManager[Any]:
-        if self.cpu_autocast_dtype is None or full_precision:
+        if self.autocast_dtype is None or full_precision:
             return contextlib.nullcontext()
-        return torch.autocast("cpu", dtype=self.cpu_autocast_dtype)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _predictions(self, inputs: ForwardInput, full_precision: bool = False) -> tuple[Tensor, Tensor | None]:
         """The model's outputs at the positions that predict response tokens, (K, V) logits or the critic's (K, 1)
@@ -276,7 +305,7 @@ class FSDPTrainer:
         base_only: bool = False,
         max_tokens: int | None = None,
     ) -> Tensor:
-        """(n, R) log-probs of the response tokens, on the host; `full_precision` skips CPU autocast.
+        """(n, R) log-probs of the response tokens, on the host; `full_precision` skips autocast.
 
         Micro-batches of `micro_batch_size` rows, or of up to `max_tokens` tokens when set (maxTokensPerMicroBatch).
 

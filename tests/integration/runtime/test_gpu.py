@@ -120,6 +120,30 @@ def test_a_policy_update_on_the_device_equals_the_update_on_the_host(device: str
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_single_rank_trains_its_plain_module_in_bf16_under_autocast(device: str) -> None:
+    """One rank has nothing to shard: the trainer keeps the plain module (no FSDP2 units, whose per-layer copies and
+    hooks left one H200 host-bound in #38's profile) and computes in bf16 under torch.autocast, as plain PyTorch's
+    mixed precision does, while its weights and optimiser state stay fp32."""
+    from torch.distributed.fsdp import FSDPModule
+
+    on = torch.device(device)
+    with one_rank(on):
+        model = tiny_model()
+        trainer = FSDPTrainer(
+            model, world_size=1, device=on, optim=OptimizerSpec(lr=1e-2), total_steps=10, compute_dtype=torch.bfloat16
+        )
+        assert trainer.model is model and not any(isinstance(unit, FSDPModule) for unit in model.modules())
+        computed: list[torch.dtype] = []
+        hook = model.lm_head.register_forward_hook(lambda module, inputs, output: computed.append(output.dtype))
+        before = {name: tensor.clone() for name, tensor in weights(trainer).items()}
+        update_policy(trainer, make_batch(), UpdateConfig(world_size=1, **CONFIG))
+        hook.remove()
+        assert computed and set(computed) == {torch.bfloat16}
+        assert all(param.dtype == torch.float32 for param in model.parameters())
+        assert largest_difference(before, weights(trainer)) > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_critic_update_on_the_device_equals_the_update_on_the_host(device: str) -> None:
     from transformers import Qwen2ForTokenClassification
 
