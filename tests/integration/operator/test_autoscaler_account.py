@@ -44,15 +44,27 @@ def as_token(kube: Kube, token: str) -> Kube:
     return Kube(configuration)
 
 
-def may(kube: Kube, verb: str, resource: str, group: str = "") -> bool:
-    review = {
+def accepted(kube: Kube, whose: str) -> Kube:
+    """`kube` once the API server authenticates its token. The server checks a Secret's token against its own
+    cached copy of the Secret (1.20's legacy service-account authenticator reads an informer's lister first), which
+    lags the token controller's write: until the cache has the filled Secret every call is 401 (a busy fresh-clone
+    run failed so). A pod that mounts the token starts later than this test asks."""
+    wait_until(lambda: review(kube, "get", "configmaps"), timeout=60, what=f"the API server to accept {whose} token")
+    return kube
+
+
+def review(kube: Kube, verb: str, resource: str, group: str = "") -> dict[str, Any]:
+    """The API server's answer to whether `kube`'s token may `verb` `resource` (any authenticated caller may ask)."""
+    question = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
         "spec": {"resourceAttributes": {"namespace": NS, "verb": verb, "resource": resource, "group": group}},
     }
-    return bool(
-        kube.call("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=review)["status"]["allowed"]
-    )
+    return dict(kube.call("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=question)["status"])
+
+
+def may(kube: Kube, verb: str, resource: str, group: str = "") -> bool:
+    return bool(review(kube, verb, resource, group)["allowed"])
 
 
 def play_kuberay(cp: ControlPlane, rayjob: dict[str, Any]) -> str:
@@ -86,7 +98,7 @@ def test_the_ray_containers_token_writes_the_report_and_the_autoscalers_rights_a
 
     secret = f"/api/v1/namespaces/{NS}/secrets/tiny-runtime-token"
     filled = wait_until(lambda: (kube.get(secret) or {}).get("data", {}).get("token"), timeout=30, what="its token")
-    ray_container = as_token(kube, base64.b64decode(filled).decode())  # what the Ray container mounts
+    ray_container = accepted(as_token(kube, base64.b64decode(filled).decode()), "the Ray container's")  # it mounts this
     report = {"data": {"report.json": '{"progress": {"step": 1}}'}}
     ray_container.call(
         "PATCH", names.configmap_path(NS, "tiny-progress"), body=report, content_type="application/merge-patch+json"
@@ -99,7 +111,7 @@ def test_the_ray_containers_token_writes_the_report_and_the_autoscalers_rights_a
 
     request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}}
     answer = cp.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/{autoscaler_account}/token", request)
-    autoscaler = as_token(kube, answer["status"]["token"])  # what only the autoscaler's container mounts
+    autoscaler = accepted(as_token(kube, answer["status"]["token"]), "the autoscaler's")  # only its container mounts it
     assert may(autoscaler, "patch", "pods") and may(autoscaler, "patch", "rayclusters", "ray.io")
     for client in (ray_container, autoscaler):
         client.close()
