@@ -78,18 +78,18 @@ class WarmWorkers:
         if job != self._ray_job:  # a new Ray (or a new driver of it): the old one's actors are gone
             self._idle, self._ray_job = {}, job
 
-    def retain(self, keys: set[tuple[Any, ...]]) -> None:
-        """Stop the idle workers that none of `keys` can use (their resources are free for the next run)."""
+    def retain(self, shapes: set[tuple[Any, ...]]) -> None:
+        """Stop the idle workers of any shape but `shapes` (their resources are free for the next run)."""
         self._same_ray()
-        for key in [key for key in self._idle if key not in keys]:
-            for worker in self._idle.pop(key):
+        for shape in [shape for shape in self._idle if shape not in shapes]:
+            for worker in self._idle.pop(shape):
                 ray.kill(worker)
 
-    def take(self, key: tuple[Any, ...], world_size: int) -> list[Any]:
-        """Up to `world_size` idle workers of `key`, reset as ranks 0.. of a new group (the dead ones dropped)."""
+    def take(self, shape: tuple[Any, ...], world_size: int) -> list[Any]:
+        """Up to `world_size` idle workers of `shape`, reset as ranks 0.. of a new group (the dead ones dropped)."""
         self._same_ray()
-        idle = self._idle.get(key, [])
-        taken, self._idle[key] = idle[:world_size], idle[world_size:]
+        idle = self._idle.get(shape, [])
+        taken, self._idle[shape] = idle[:world_size], idle[world_size:]
         if not taken:
             return []
         resets = [worker.reset.remote(rank, world_size) for rank, worker in enumerate(taken)]
@@ -102,9 +102,9 @@ class WarmWorkers:
                 ray.kill(worker)
         return alive
 
-    def give(self, key: tuple[Any, ...], workers: list[Any]) -> None:
+    def give(self, shape: tuple[Any, ...], workers: list[Any]) -> None:
         self._same_ray()
-        self._idle.setdefault(key, []).extend(workers)
+        self._idle.setdefault(shape, []).extend(workers)
 
     def idle(self) -> list[Any]:
         """The workers kept now, waiting for a run."""
@@ -149,10 +149,11 @@ class WorkerGroup:
             **ray_actor_options(group), runtime_env={"env_vars": env or {}}, max_concurrency=1
         )
         warm = _warm
-        self._key = warm.shape(worker_cls, group, env) if warm is not None else None
-        self.workers: list[Any] = warm.take(self._key, self.world_size) if warm is not None and self._key else []
-        self.reused = len(self.workers)  # how many of the ranks came from an earlier run (WarmWorkers)
-        self.workers += [remote.remote(rank, self.world_size) for rank in range(self.reused, self.world_size)]
+        self._shape = warm.shape(worker_cls, group, env) if warm is not None else None
+        kept = warm.take(self._shape, self.world_size) if warm is not None and self._shape is not None else []
+        self.workers: list[Any] = kept + [
+            remote.remote(rank, self.world_size) for rank in range(len(kept), self.world_size)
+        ]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """The same call on every rank; results in rank order. Within a step, bounded by its deadline."""
@@ -178,9 +179,9 @@ class WorkerGroup:
         calls = [worker.shutdown.remote() for worker in self.workers]
         done, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
         warm = _warm
-        if warm is not None and self._key is not None and len(done) == len(calls):
+        if warm is not None and self._shape is not None and len(done) == len(calls):
             if all(call_outcome(call) == (True, None) for call in calls):  # every rank can host another run
-                warm.give(self._key, self.workers)
+                warm.give(self._shape, self.workers)
                 self.workers = []
                 return
         self.kill()
