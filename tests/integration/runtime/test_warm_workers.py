@@ -8,13 +8,13 @@ no result, and that workers of another shape give their resources back before a 
 import re
 import time
 
-import psutil
 import pytest
 import ray
 from safetensors.torch import load_file
 
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.workers.group import WarmWorkers, warm_workers
+from tests.integration.kuberay_standin import alive
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -25,13 +25,6 @@ MACHINE = re.compile(r"^time/|seconds|per_second|throughput|memory|mfu")
 
 def idle_pids(warm: WarmWorkers) -> set[int]:
     return {ray.get(worker.hosted.remote())["pid"] for worker in warm.idle()}
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def computed(history: list[dict]) -> list[dict]:
@@ -76,6 +69,6 @@ def test_a_run_on_reused_workers_is_bit_identical_to_one_on_new_workers(ray_sess
     run_job(wider, tmp_path / "wider", demo_base_dir(), progress=False)
     assert warm.idle() == []
     deadline = time.monotonic() + 60  # ray.kill returns before the process has exited
-    while any(alive(pid) for pid in first) and time.monotonic() < deadline:
+    while alive(first) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not any(alive(pid) for pid in first)
+    assert not alive(first)
