@@ -102,7 +102,10 @@ import json
 import logging
 import os
 import re
+import shutil
+import socket
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -310,6 +313,54 @@ def shared_memory_ident() -> str:
     unique on the host: the group's rendezvous (MASTER_ADDR:MASTER_PORT, a port bound on the host)."""
     address = os.environ.get("MASTER_ADDR", "localhost").replace(".", "-").replace(":", "-")
     return f"kuberl-{address}-{os.environ.get('MASTER_PORT', '0')}"
+
+
+def socket_folder(pid: int | None = None) -> Path:
+    """The folder of process `pid`'s (default: this one's) vLLM IPC sockets, given to vLLM as VLLM_RPC_BASE_PATH.
+
+    vLLM binds its ZeroMQ sockets (the message queues of a split engine) at `<VLLM_RPC_BASE_PATH>/<uuid4>`,
+    by default straight in the temporary folder, and a socket's file stays there whenever the process that bound
+    it does not close it: the mp executor's shards are terminated, a colocated rank's actor is killed. That was
+    22 files in /tmp per run of test_tensor_parallel.py. In a folder of the engine's own, `shutdown` removes them
+    all, and the next engine on the host removes what a killed process left (`remove_abandoned_socket_folders`).
+    The path stays far below the 107 bytes a Unix socket's may have."""
+    return Path(tempfile.gettempdir()) / f"kuberl-vllm-{os.getpid() if pid is None else pid}"
+
+
+def remove_abandoned_socket_folders() -> list[Path]:
+    """Removes the socket folders of processes that are gone, and returns them. A folder is left alone while
+    its process lives, or while any socket in it still accepts a connection (a process of another PID namespace
+    sharing this temporary folder)."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob("kuberl-vllm-*"):
+        pid = folder.name.removeprefix("kuberl-vllm-")
+        if not pid.isdigit() or _process_exists(int(pid)) or any(is_listening(path) for path in folder.iterdir()):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def is_listening(path: Path) -> bool:
+    """Whether `path` is a Unix socket something still listens on (a stale one refuses the connection)."""
+    if not path.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def launcher_environment(rank: int, world_size: int) -> dict[str, str]:
@@ -550,6 +601,9 @@ class VLLMRolloutEngine:
             arguments["distributed_executor_backend"] = external_launcher(shared_memory_ident())
         else:
             environment = worker_environment(shards, cuda, threads)
+        remove_abandoned_socket_folders()
+        socket_folder().mkdir(mode=0o700, exist_ok=True)
+        environment["VLLM_RPC_BASE_PATH"] = str(socket_folder())  # the mp executor's shards inherit it
         try:
             with _environment(environment):
                 llm = LLM(**arguments)
@@ -713,13 +767,15 @@ class VLLMRolloutEngine:
         An engine split over processes on CPU also removes its communicator's shared memory (/dev/shm segments
         named after each shard process's VLLM_DIST_IDENT), which vLLM unlinks only when a shard's process exits
         normally: the mp executor's shards are terminated, and a colocated rank's actor is killed. A colocated
-        group's ranks each remove the group's segments, whichever removes one first."""
+        group's ranks each remove the group's segments, whichever removes one first. The engine's IPC sockets go
+        with their folder (`socket_folder`)."""
         split_on_cpu = self.shards > 1 and self.device.type == "cpu"
         idents = {ident for ident in self.llm.collective_rpc(_dist_ident_in_worker) if ident} if split_on_cpu else set()
         self.llm.llm_engine.engine_core.shutdown()
         for ident in idents:
             for segment in Path("/dev/shm").glob(f"{ident}-*cpushm*"):
                 segment.unlink(missing_ok=True)
+        shutil.rmtree(socket_folder(), ignore_errors=True)
 
 
 def _dist_ident_in_worker(worker: Any) -> str:

@@ -114,7 +114,9 @@ def admin_client(cp: ControlPlane) -> Any:
     from kubernetes import config
     from kubernetes.dynamic import DynamicClient
 
-    return DynamicClient(config.new_client_from_config(config_file=str(cp.kubeconfig)))
+    # its discovery cache beside the API server's files, not one more osrcp-<hash>.json in /tmp per server
+    cache = cp.workdir / "discovery-cache.json"
+    return DynamicClient(config.new_client_from_config(config_file=str(cp.kubeconfig)), cache_file=str(cache))
 
 
 def helm_apply(client: Any, objects: list[dict[str, Any]]) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from kuberl.runtime.driver import run_job
 from kuberl.runtime.engines.base import SamplingParams
+from kuberl.runtime.engines.vllm import is_listening, socket_folder
 from kuberl.runtime.models.resolve import ModelLocation, default_cache_dir, resolve_model_path
 from kuberl.runtime.workers.rollout_worker import RolloutWorker, weight_buckets
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
@@ -68,6 +69,19 @@ def leaked_segments(before: set[str], wait_s: float = 10.0) -> set[str]:
         time.sleep(0.2)
 
 
+def temporary_entries() -> set[Path]:
+    return set(socket_folder().parent.iterdir())
+
+
+def socket_leftovers(before: set[Path]) -> set[Path]:
+    """What engines left in the temporary folder since `before` (its entries then): socket files nobody listens on
+    (vLLM's default place for its IPC sockets), and socket folders of processes that are gone."""
+    made = temporary_entries() - before
+    stale_sockets = {path for path in made if path.is_socket() and not is_listening(path)}
+    abandoned = {path for path in made if path.name.startswith("kuberl-vllm-")}
+    return stale_sockets | {path for path in abandoned if not Path(f"/proc/{path.name[12:]}").exists()}
+
+
 def attention_heads_per_shard(worker: RolloutWorker) -> list[int]:
     """The query heads of the first attention layer in each of the engine's worker processes."""
     return worker.engine.llm.collective_rpc(_first_layer_heads)
@@ -99,12 +113,15 @@ def test_a_two_way_split_engine_decodes_greedily_as_one_does_before_and_after_a_
         model = ModelLocation(str(counter_dir), "spec.models.actor.path")  # a folder: resolved in place
         worker.setup(separate_rollout_manifest(counter_dir, shards), model, model, threads=2)
         try:
+            if shards == 2:  # the queues between the engine and its shard processes bind their sockets here
+                assert any(path.is_socket() for path in socket_folder().iterdir())
             heads[shards] = attention_heads_per_shard(worker)
             before = greedy(worker, prompts, version=0)
             worker.load_weights_from(buckets, version=1)
             results[shards] = before, greedy(worker, prompts, version=1)
         finally:
             worker.shutdown()
+        assert not socket_folder().exists()  # the sockets went with the engine, not left in the temporary folder
     assert heads == {1: [4], 2: [2, 2]}  # the split engine really holds half the heads in each process
     for when in (0, 1):
         (one_tokens, one_logprobs), (two_tokens, two_logprobs) = results[1][when], results[2][when]
@@ -129,15 +146,16 @@ def test_a_separate_grpo_job_with_a_two_way_split_engine_trains_and_its_engine_m
             "checkpoint.exportHf": False,
         }
     )
-    before = shared_memory_segments()
+    before, entries_before = shared_memory_segments(), temporary_entries()
     run = run_job(job, tmp_path, demo_base_dir(), progress=False)
     assert [record["step"] for record in run.history] == [1, 2]
     for record in run.history:
         assert record["sync/max_logprob_diff"] <= TOLERANCE  # the probe after each sync, in the split engine
         assert record["rollout/logprob_diff_max"] <= TOLERANCE  # every sampled token against the trainer
     # the split engine's queues (a few hundred MB of /dev/shm) went with the job: the replica was stopped,
-    # not only killed
+    # not only killed; and its sockets with it
     assert not leaked_segments(before)
+    assert not socket_leftovers(entries_before)
 
 
 # -- colocated: the engine split over the trainer's ranks (vLLM's external launcher) --------------------------
@@ -180,6 +198,7 @@ def colocated_rank(rank: int, world: int, model_dir: str, rendezvous: str, out: 
         torch.save({"before": before, "after": after, "heads": heads}, Path(out) / f"{world}-{rank}.pt")
     finally:
         engine.shutdown()  # vLLM's teardown destroys the default process group too
+    assert not socket_folder().exists()  # this rank's process lives on (the pool's), its engine's sockets do not
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -222,7 +241,7 @@ def test_a_colocated_grpo_job_with_an_engine_split_over_its_two_ranks_trains_and
         }
     )
     assert job.spec.resources.actor.world_size == 2 and job.spec.rollout.placement == "colocated"
-    before = shared_memory_segments()
+    before, entries_before = shared_memory_segments(), temporary_entries()
     run = run_job(job, tmp_path, demo_base_dir(), progress=False)
     assert [record["step"] for record in run.history] == list(range(1, steps + 1))
     for record in run.history:
@@ -231,3 +250,4 @@ def test_a_colocated_grpo_job_with_an_engine_split_over_its_two_ranks_trains_and
     # the split engine's communicator segments went with the job (vLLM leaves them until its process exits, and
     # the workers are stopped, then killed)
     assert not leaked_segments(before)
+    assert not socket_leftovers(entries_before)

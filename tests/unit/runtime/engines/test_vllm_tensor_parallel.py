@@ -1,6 +1,11 @@
 """rollout.tensorParallelSize in the vLLM engine's arguments and start-up checks (no engine is started)."""
 
 import json
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +14,8 @@ from kuberl.api import parse_rljob
 from kuberl.runtime.engines.vllm import (
     layer_loads,
     llm_arguments,
+    remove_abandoned_socket_folders,
+    socket_folder,
     tensor_parallel_problem,
     tensor_parallel_refusal,
     worker_environment,
@@ -86,3 +93,27 @@ def test_a_layer_whose_tensors_come_apart_is_refused_rather_than_rebuilt_half_lo
     names = ["model.layers.0.a.weight", "model.layers.1.a.weight", "model.layers.0.b.weight"]
     with pytest.raises(ValueError, match="model.layers.0 come in two runs"):
         list(layer_loads((name, torch.zeros(1)) for name in names))
+
+
+# -- the engine's IPC sockets -------------------------------------------------------------------------------
+def bound_socket(path: Path) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+    return server
+
+
+def test_the_sockets_of_a_process_that_is_gone_are_removed_and_nothing_that_is_still_in_use(monkeypatch, tmp_path):
+    """What a killed shard or actor left (its socket files, no listener) goes; the folder of a live process, or
+    one where something still listens (a process of another PID namespace sharing the folder), stays."""
+    assert len(str(socket_folder(4194304) / ("0" * 36))) < 107  # a socket's path under /tmp, largest PID: sun_path fits
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)  # exited and reaped
+    abandoned, listening, alive = socket_folder(dead_pid), tmp_path / "kuberl-vllm-999999999", socket_folder()
+    for folder in (abandoned, listening, alive):
+        folder.mkdir()
+    bound_socket(abandoned / "f8a1").close()  # closed without unlinking: the file stays, nobody listens
+    with bound_socket(listening / "c3d2"), bound_socket(alive / "0b7e"):
+        assert remove_abandoned_socket_folders() == [abandoned]
+        assert not abandoned.exists() and listening.exists() and alive.exists()
