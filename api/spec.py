@@ -678,7 +678,9 @@ class TrainingSpec(KuberlModel):
         description="Packed forward passes: the rows of a micro-batch are concatenated without their padding into "
         "one sequence whose position ids restart at 0 for each row, and attention stays within a row. The same "
         "log-probs and values as the padded forward, without computing the padding (a batch of mixed lengths is "
-        "mostly padding). Applies to every trainer: actor, critic, reference. verl: "
+        "mostly padding). Applies to every trainer: actor, critic, reference. On a GPU the model attends through "
+        "flash-attention's variable-length kernels where the flash_attn package is in the image, FlexAttention "
+        "otherwise; on the CPU through SDPA. verl: "
         "actor_rollout_ref.model.use_remove_padding, critic.model.use_remove_padding.",
     )
     step_timeout_seconds: float = Field(

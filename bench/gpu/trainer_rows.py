@@ -9,7 +9,9 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
 - LoRA update: kuberl's LoRA (r16, all-linear) against plain PEFT over a bf16 frozen base. Aim <= 1.1x; and
   its peak memory against kuberl's full update, aim <= 0.5x.
 - padding-free: the padded update against the packed one (training.paddingFree) on a batch about half padding;
-  ratio = padded / packed, aim >= 1.4x; the note gives how far the two forwards' log-probs are apart.
+  ratio = padded / packed, aim >= 1.4x; the note gives the packed forward's attention (flash-attention's varlen
+  kernels where flash_attn is installed, else FlexAttention: models/packed_attention.py) and how far the two
+  forwards' log-probs are apart.
 - offload: the update with models.actor.offload against the same on the device: time aim <= 2.0x, and peak
   memory aim <= 0.7x.
 - critic update: `update_critic` on a value head, against the actor's update on the same batch.
@@ -84,12 +86,17 @@ def kuberl_trainer(model_dir: Path, device: torch.device, *, critic: bool = Fals
 
     from kuberl.api.spec import LoRASpec, OptimizerSpec
     from kuberl.runtime.engines.fsdp import FSDPTrainer
+    from kuberl.runtime.models.packed_attention import attention_implementation
 
     torch.manual_seed(0)
+    # as the model worker loads it: packed rows (padding_free) attend through a varlen kernel on a GPU
+    attention = attention_implementation(device.type, options.get("padding_free", False))
     if critic:
-        model = AutoModelForTokenClassification.from_pretrained(model_dir, dtype=torch.float32, num_labels=1)
+        model = AutoModelForTokenClassification.from_pretrained(
+            model_dir, dtype=torch.float32, num_labels=1, attn_implementation=attention
+        )
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention)
     if options.pop("lora", False):
         from kuberl.runtime.models.lora import apply_lora
 
@@ -179,7 +186,9 @@ def packing_rows(case: Case) -> list[Row]:
     apart = float((padded.logprobs(fwd, 1.0, micro) - packed.logprobs(fwd, 1.0, micro))[mask].abs().max())
     config = update_config(case.work)
     slow, fast = case.alternate(updating(padded, batch, config), updating(packed, batch, config))
-    note = f"{100 * float(batch.attention_mask.float().mean()):.0f}% real tokens; log-probs at most {apart:.2g} apart"
+    attention = packed.model.config._attn_implementation
+    real = 100 * float(batch.attention_mask.float().mean())
+    note = f"{real:.0f}% real tokens; packed through {attention}; log-probs at most {apart:.2g} apart"
     row = Row(
         "padding-free update", case.size, slow.seconds, "s padded", fast.seconds, "packed s", ">= 1.4x", note=note
     )

@@ -5,7 +5,8 @@ row of only its real tokens (1, T) whose position ids restart at 0 for each row:
 padded forward gives them (it counts real tokens only). Called with those position ids and no
 attention mask, transformers (masking_utils.find_packed_sequence_indices) reads each restart as the
 start of a new sequence and attends causally within each row only, on its SDPA and eager paths alike;
-its flash-attention path takes the same layout as variable-length sequences. Every token therefore sees
+its flash-attention path takes the same layout as variable-length sequences, and on a GPU kuberl's FlexAttention
+reads it into a block mask (models/packed_attention.py, the kernel a packing trainer gets there). Every token sees
 exactly what it sees in the padded forward, and the padding is never computed: on a batch of mixed
 lengths most of the padded tensor is padding (bench/padding_free.py).
 

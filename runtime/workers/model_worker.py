@@ -30,6 +30,7 @@ from kuberl.runtime.engines.micro_batches import MicroBatching
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
 from kuberl.runtime.models.dtypes import reference_dtype, torch_dtype
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
+from kuberl.runtime.models.packed_attention import attention_implementation
 from kuberl.runtime.models.resolve import ModelLocation
 from kuberl.runtime.workers.group import worker_device
 
@@ -178,7 +179,11 @@ class ModelWorker:
         torch.manual_seed(self.job.spec.training.seed)  # a new value head starts the same on every rank
         kind = AutoModelForTokenClassification if critic else AutoModelForCausalLM
         extra = {"num_labels": 1} if critic else {}
-        model = kind.from_pretrained(location.resolve(), dtype=torch_dtype(dtype), **extra)
+        padding_free = self.job.spec.training.padding_free
+        attention = attention_implementation(self.device.type, padding_free)  # a kernel for packed rows on a GPU
+        model = kind.from_pretrained(
+            location.resolve(), dtype=torch_dtype(dtype), attn_implementation=attention, **extra
+        )
         if optim is None:
             model.requires_grad_(False)
         if lora is not None:
@@ -196,7 +201,7 @@ class ModelWorker:
             gradient_checkpointing=gradient_checkpointing,
             compute_dtype=self.compute_dtype(),
             offload=offload,
-            padding_free=self.job.spec.training.padding_free,
+            padding_free=padding_free,
         )
 
     def compute_dtype(self) -> torch.dtype:

@@ -31,6 +31,7 @@ from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.engines.fsdp import FSDPTrainer, process_group_backend
 from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
+from kuberl.runtime.models.packed_attention import attention_implementation
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, make_batch, tiny_model
 
@@ -141,6 +142,36 @@ def test_a_single_rank_trains_its_plain_module_in_bf16_under_autocast(device: st
         assert computed and set(computed) == {torch.bfloat16}
         assert all(param.dtype == torch.float32 for param in model.parameters())
         assert largest_difference(before, weights(trainer)) > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_packed_update_attends_through_a_kernel_for_packed_rows_and_matches_the_padded_forward(device: str) -> None:
+    """training.paddingFree on a GPU: the model attends through flash-attention's varlen kernels or FlexAttention
+    (models/packed_attention.py), which read where each packed row starts, not SDPA over a dense (T, T) mask. Its
+    log-probs equal the padded forward's within bf16 rounding, and an update runs backward through it. On the CPU
+    the trainer keeps SDPA (FlexAttention has no backward there): the same checks, of the CPU's path."""
+    on = torch.device(device)
+    attention = attention_implementation(on.type, padding_free=True)
+    assert (attention is None) == (on.type == "cpu")
+    batch, config = make_batch(), UpdateConfig(world_size=1, **CONFIG)
+    fwd, mask = forward_input(batch), batch.response_mask.bool()
+    with one_rank(on):
+        compute = torch.bfloat16 if on.type == "cuda" else torch.float32
+        padded = FSDPTrainer(tiny_model(), world_size=1, device=on, optim=None, total_steps=10, compute_dtype=compute)
+        model = tiny_model()
+        if attention is not None:
+            model.set_attn_implementation(attention)
+        packed = FSDPTrainer(
+            model, world_size=1, device=on, optim=OptimizerSpec(lr=1e-2), total_steps=10, compute_dtype=compute,
+            padding_free=True,
+        )  # fmt: skip
+        apart = (padded.logprobs(fwd, 1.0, 2) - packed.logprobs(fwd, 1.0, 2))[mask].abs()
+        assert float(apart.max()) < (MAX_TOLERANCE if on.type == "cuda" else 1e-5)
+        before = {name: tensor.clone() for name, tensor in weights(packed).items()}
+        metrics = update_policy(packed, batch, config)
+        assert (
+            torch.isfinite(torch.tensor(metrics["actor/loss"])) and largest_difference(before, weights(packed)) > 1e-3
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
