@@ -332,7 +332,8 @@ class ReferenceModel(KuberlModel):
         None,
         description="Parameter dtype of the reference (verl: ref.fsdp_config.model_dtype, float32 by default, "
         "computing in bfloat16 under FSDP mixed precision as training.computeDtype auto does on GPU). Default: the "
-        "actor's dtype (models.actor.dtype). A LoRA actor's reference is its own base weights, in the actor's dtype.",
+        "actor's dtype (models.actor.dtype). A LoRA actor's reference is its own base weights, in the actor's dtype. "
+        "Its linear layers are stored in training.computeDtype when that is below float32 (the same values).",
     )
     micro_batch_size: int | None = Field(
         None,
@@ -716,7 +717,10 @@ class TrainingSpec(KuberlModel):
         description="Precision of the trainers' forward and backward passes; parameters, gradients and optimiser "
         "state keep the model's dtype. auto: bfloat16 on GPU (FSDP2 mixed precision over several ranks, torch.autocast "
         "on a single one, which keeps the plain module), float32 on CPU. bfloat16 on "
-        "CPU runs under torch.autocast: about 4x faster matrix products on CPUs with AVX512-BF16 or AMX.",
+        "CPU runs under torch.autocast: about 4x faster matrix products on CPUs with AVX512-BF16 or AMX. Below "
+        "float32, frozen linear layers are stored in this dtype, which computes the same values in half the "
+        "memory: the reference's, and a LoRA actor's base when the rollout engine runs in this dtype too "
+        "(rollout.dtype; against a float32 engine rollout.verifySync needs the base in float32).",
     )
 
 

@@ -7,7 +7,8 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
 - update: `update_policy` (on-policy GRPO loss, token mean, bf16 compute) against plain PyTorch (plain.py:
   fp32 weights under bf16 autocast, fused AdamW, the same loss). Aim <= 1.0x; MFU of both in the note.
 - LoRA update: kuberl's LoRA (r16, all-linear) against plain PEFT over a bf16 frozen base. Aim <= 1.1x; and
-  its peak memory against kuberl's full update, aim <= 0.5x.
+  its peak memory against kuberl's full update, aim <= 0.5x. kuberl's base is in bf16 too, as a LoRA actor's is
+  beside a bf16 engine (fsdp.keeps_frozen_in_compute_dtype); the reference row's model likewise.
 - padding-free: the padded update against the packed one (training.paddingFree) on a batch about half padding;
   ratio = padded / packed, aim >= 1.4x; the note gives the packed forward's attention (flash-attention's varlen
   kernels where flash_attn is installed, else FlexAttention: models/packed_attention.py) and how far the two
@@ -85,7 +86,7 @@ def kuberl_trainer(model_dir: Path, device: torch.device, *, critic: bool = Fals
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     from kuberl.api.spec import LoRASpec, OptimizerSpec
-    from kuberl.runtime.engines.fsdp import FSDPTrainer
+    from kuberl.runtime.engines.fsdp import FSDPTrainer, keeps_frozen_in_compute_dtype
     from kuberl.runtime.models.packed_attention import attention_implementation
 
     torch.manual_seed(0)
@@ -97,15 +98,19 @@ def kuberl_trainer(model_dir: Path, device: torch.device, *, critic: bool = Fals
         )
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention)
-    if options.pop("lora", False):
+    lora = options.pop("lora", False)
+    if lora:
         from kuberl.runtime.models.lora import apply_lora
 
         model = apply_lora(model, LoRASpec.model_validate({"rank": LORA_RANK, "alpha": LORA_ALPHA}))
     optim = OptimizerSpec.model_validate({"lr": 1e-6, "gradClip": 1.0}) if options.pop("optimizer", True) else None
     compute = torch.bfloat16 if device.type == "cuda" else torch.float32
+    # the reference, and a LoRA actor's base beside a bf16 engine (verl's rollout dtype), stored in bf16 on a GPU
+    frozen = keeps_frozen_in_compute_dtype(optim is not None, lora, compute, rollout_dtype=compute)
     return FSDPTrainer(
-        model, world_size=1, device=device, optim=optim, total_steps=1000, compute_dtype=compute, **options
-    )
+        model, world_size=1, device=device, optim=optim, total_steps=1000, compute_dtype=compute,
+        frozen_in_compute_dtype=frozen, **options,
+    )  # fmt: skip
 
 
 def update_config(work: Workload, **changes: Any) -> Any:

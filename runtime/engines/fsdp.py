@@ -127,6 +127,52 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
+def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Casts the frozen weights and biases of `model`'s linear layers to `dtype`, the dtype it computes in; returns
+    the bytes that frees.
+
+    A frozen linear weight is only ever read by a matmul, which computes in `dtype` anyway: under autocast, which
+    casts an fp32 weight to `dtype` at every use (and keeps no cast of a frozen one), or under FSDP2's mixed
+    precision, which casts each shard before gathering it. Stored in `dtype` it computes the same values, bit for
+    bit, in half the memory and without the casts. That is every linear layer of a reference model (verl computes
+    its reference in bf16 too) and the base layers of a LoRA actor (#38: plain PEFT keeps its frozen base in
+    bf16). A weight shared with a module that is not a linear layer (a head tied to the embedding, whose lookup
+    is no matmul) stays as it is, as do embeddings and norms.
+    """
+    shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(False)}
+    freed = 0
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        for param in module.parameters(recurse=False):
+            if not param.requires_grad and id(param) not in shared and param.dtype != dtype:
+                freed += param.numel() * (param.element_size() - torch.empty((), dtype=dtype).element_size())
+                param.data = param.data.to(dtype)
+    return freed
+
+
+def keeps_frozen_in_compute_dtype(
+    trained: bool, lora: bool, compute_dtype: torch.dtype, rollout_dtype: torch.dtype
+) -> bool:
+    """Whether a trainer stores its frozen linear layers in its compute dtype (`store_frozen_linears`): a model
+    nothing of which is trained (the reference) whenever it computes below fp32; a LoRA actor's base when its
+    rollout engine also runs in the compute dtype. Against an engine in fp32, the verifySync probe compares the
+    engine with the trainer's weights in fp32, which needs the base's fp32 values (a model saved in fp32 would
+    differ from its bf16 rounding by more than the probe's tolerance).
+
+    >>> bf16, fp32 = torch.bfloat16, torch.float32
+    >>> keeps_frozen_in_compute_dtype(False, False, bf16, fp32), keeps_frozen_in_compute_dtype(False, False, fp32, fp32)
+    (True, False)
+    >>> keeps_frozen_in_compute_dtype(True, True, bf16, bf16), keeps_frozen_in_compute_dtype(True, True, bf16, fp32)
+    (True, False)
+    >>> keeps_frozen_in_compute_dtype(True, False, bf16, bf16)  # a full actor or critic: nothing frozen
+    False
+    """
+    if compute_dtype == torch.float32:
+        return False
+    return not trained or (lora and rollout_dtype == compute_dtype)
+
+
 def adamw_implementation(device_type: str) -> dict[str, bool]:
     """AdamW's kernel for parameters on `device_type`: the fused one on CUDA, the for-loop elsewhere.
 
@@ -185,7 +231,10 @@ def process_group_backend(device_type: str) -> str:
 
 
 class FSDPTrainer:
-    """A causal LM (actor/reference) or a token-value model (critic) on one rank."""
+    """A causal LM (actor/reference) or a token-value model (critic) on one rank.
+
+    `frozen_in_compute_dtype`: its frozen linear layers are stored in `compute_dtype` (`store_frozen_linears`;
+    whether a role does: `keeps_frozen_in_compute_dtype`)."""
 
     def __init__(
         self,
@@ -199,10 +248,14 @@ class FSDPTrainer:
         compute_dtype: torch.dtype = torch.float32,
         offload: bool = False,
         padding_free: bool = False,
+        frozen_in_compute_dtype: bool = False,
     ) -> None:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers PreTrainedModel
         self.device = device
+        #: frozen linear layers held in the compute dtype (a reference model, a LoRA actor's base): see the function
+        low_precision = frozen_in_compute_dtype and compute_dtype != torch.float32
+        self.frozen_in_compute_dtype = low_precision and store_frozen_linears(model, compute_dtype) > 0
         # offloaded, the model stays in host memory: fully_shard moves one unit at a time to the device, shards it
         # and copies its shard back, so the whole model is never on the device at once
         self.model = apply_fsdp(model if offload else model.to(device), world_size, device.type, compute_dtype, offload)
@@ -219,7 +272,10 @@ class FSDPTrainer:
 
     # -- forward passes -------------------------------------------------------------------------
     def _autocast(self, full_precision: bool = False) -> contextlib.AbstractContextManager[Any]:
-        if self.autocast_dtype is None or full_precision:
+        """Autocast in the compute dtype where the trainer computes below fp32 and FSDP2 does not cast. A pass in
+        `full_precision` (the verifySync probe: the weights' own precision) runs without it, except when frozen
+        linear layers are stored in the compute dtype: their own precision is that dtype, which autocast keeps."""
+        if self.autocast_dtype is None or (full_precision and not self.frozen_in_compute_dtype):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 

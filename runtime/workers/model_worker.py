@@ -24,11 +24,16 @@ import torch.distributed as dist
 from kuberl.api import ComputeDType, RLJob, parse_rljob
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
-from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu, process_group_backend
+from kuberl.runtime.engines.fsdp import (
+    FSDPTrainer,
+    keeps_frozen_in_compute_dtype,
+    offloaded_to_cpu,
+    process_group_backend,
+)
 from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.engines.micro_batches import MicroBatching
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
-from kuberl.runtime.models.dtypes import reference_dtype, torch_dtype
+from kuberl.runtime.models.dtypes import reference_dtype, rollout_dtype, torch_dtype
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
 from kuberl.runtime.models.packed_attention import attention_implementation
 from kuberl.runtime.models.resolve import ModelLocation
@@ -192,6 +197,8 @@ class ModelWorker:
             if gradient_checkpointing:  # frozen embeddings: checkpointed blocks need an input that wants grads
                 model.enable_input_require_grads()
             model = apply_lora(model, lora)
+        compute = self.compute_dtype()
+        rollout = torch_dtype(rollout_dtype(self.job.spec))
         return FSDPTrainer(
             model,
             world_size=self.world_size,
@@ -199,9 +206,12 @@ class ModelWorker:
             optim=optim,
             total_steps=total_steps,
             gradient_checkpointing=gradient_checkpointing,
-            compute_dtype=self.compute_dtype(),
+            compute_dtype=compute,
             offload=offload,
             padding_free=padding_free,
+            frozen_in_compute_dtype=keeps_frozen_in_compute_dtype(
+                optim is not None, lora is not None, compute, rollout
+            ),
         )
 
     def compute_dtype(self) -> torch.dtype:

@@ -175,6 +175,30 @@ def test_a_packed_update_attends_through_a_kernel_for_packed_rows_and_matches_th
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_lora_update_over_a_bf16_base_equals_the_one_over_an_fp32_base(device: str) -> None:
+    """A LoRA actor computing in bf16 beside a bf16 engine stores its frozen base in bf16 (#38: as plain PEFT
+    does); its matmuls computed in bf16 before too, so its adapters train as they did (bit for bit on the CPU;
+    on a GPU up to the order of its reductions), in half the base's memory."""
+    from tests.integration.runtime.test_compute_dtype import lora_model
+
+    on = torch.device(device)
+    adapters, memory = {}, {}
+    with one_rank(on):
+        for frozen in (False, True):
+            trainer = FSDPTrainer(
+                lora_model(), world_size=1, device=on, optim=OptimizerSpec(lr=1e-2), total_steps=10,
+                compute_dtype=torch.bfloat16, frozen_in_compute_dtype=frozen,
+            )  # fmt: skip
+            update_policy(trainer, make_batch(), UpdateConfig(world_size=1, **CONFIG))
+            adapters[frozen] = {n: p.detach().cpu() for n, p in trainer.model.named_parameters() if p.requires_grad}
+            memory[frozen] = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+    exact = on.type == "cpu"
+    for name, tensor in adapters[True].items():
+        torch.testing.assert_close(tensor, adapters[False][name], **({"rtol": 0, "atol": 0} if exact else {}))
+    assert memory[True] < memory[False]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_critic_update_on_the_device_equals_the_update_on_the_host(device: str) -> None:
     from transformers import Qwen2ForTokenClassification
 
