@@ -146,7 +146,7 @@ def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
             continue
         for param in module.parameters(recurse=False):
             if not param.requires_grad and id(param) not in shared and param.dtype != dtype:
-                freed += param.numel() * (param.element_size() - torch.empty((), dtype=dtype).element_size())
+                freed += param.numel() * (param.element_size() - dtype.itemsize)
                 param.data = param.data.to(dtype)
     return freed
 

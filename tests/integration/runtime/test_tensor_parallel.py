@@ -79,7 +79,9 @@ def socket_leftovers(before: set[Path]) -> set[Path]:
     made = temporary_entries() - before
     stale_sockets = {path for path in made if path.is_socket() and not is_listening(path)}
     abandoned = {path for path in made if path.name.startswith("kuberl-vllm-")}
-    return stale_sockets | {path for path in abandoned if not Path(f"/proc/{path.name[12:]}").exists()}
+    return stale_sockets | {
+        path for path in abandoned if not Path(f"/proc/{path.name.removeprefix('kuberl-vllm-')}").exists()
+    }
 
 
 def attention_heads_per_shard(worker: RolloutWorker) -> list[int]:
