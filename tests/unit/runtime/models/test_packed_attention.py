@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.nn import functional
 
+from kuberl.runtime.engines.fsdp import position_ids
 from kuberl.runtime.engines.packing import pack_rows
 from kuberl.runtime.models import packed_attention
 from kuberl.runtime.models.packed_attention import FLEX, flex_packed_attention, packed_block_mask, register_flex
@@ -33,8 +34,7 @@ def logits_at_real_tokens(model, ids, mask, packed: bool) -> torch.Tensor:
     """(real tokens, V) the model's logits at every real token, in row order."""
     with torch.no_grad():
         if not packed:
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            return model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[mask.bool()]
+            return model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[mask.bool()]
         rows = pack_rows(ids, mask)
         return model(input_ids=rows.input_ids, position_ids=rows.position_ids).logits[0]
 
