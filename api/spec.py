@@ -681,7 +681,9 @@ class TrainingSpec(KuberlModel):
         "log-probs and values as the padded forward, without computing the padding (a batch of mixed lengths is "
         "mostly padding). Applies to every trainer: actor, critic, reference. On a GPU the model attends through "
         "flash-attention's variable-length kernels where the flash_attn package is in the image, FlexAttention "
-        "otherwise; on the CPU through SDPA. verl: "
+        "otherwise (heads of at least 16 dimensions; smaller ones keep SDPA); on the CPU through SDPA. It pays on a "
+        "GPU only in passes big enough to keep the GPU busy: raise maxTokensPerMicroBatch with it (one H200, "
+        "0.5B model, half padding: 1.41x in passes of 16 rows, 1.02x in passes of 4096 tokens). verl: "
         "actor_rollout_ref.model.use_remove_padding, critic.model.use_remove_padding.",
     )
     step_timeout_seconds: float = Field(

@@ -3,7 +3,11 @@
 #   bash bench/gpu/run.sh                 # Qwen2.5-0.5B and -1.5B shapes, random weights; <= 10 min on one H100
 #   bash bench/gpu/run.sh --dry-run       # the plan without a GPU (CI runs this)
 #   bash bench/gpu/run.sh --smoke         # every row this machine can run, on a tiny model, on the CPU
-#   bash bench/gpu/run.sh --tests         # then `pytest -m gpu` (tests/integration/runtime/test_gpu.py)
+#   bash bench/gpu/run.sh --tests         # first `pytest -m gpu` (tests/integration/runtime/test_gpu.py), then the suite
+#
+# Time limits (seconds; each interrupts its part, and the suite still prints the rows it measured):
+# KUBERL_GPU_TESTS_SECONDS (default 300) and KUBERL_GPU_SUITE_SECONDS (default 600). A lent machine's call has
+# a limit of its own: fit both inside it.
 #
 # Nothing of kuberl needs installing: the source tree goes on PYTHONPATH as the `kuberl.*` packages. The
 # machine needs torch, transformers and peft (vLLM, Ray and TRL only for their rows, each skipped with the
@@ -46,9 +50,12 @@ export PYTHONPATH="$pythonpath${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 
 status=0
-timeout --signal=INT 600 "$python" "$here/suite.py" "${args[@]}" || status=$?
 if (( tests )); then
-  # from the repository (tests/ is a package there), with only the tests' own folder first on the path
-  (cd "$repo" && timeout --signal=INT 300 "$python" -m pytest -p no:cacheprovider -m gpu tests/integration/runtime/test_gpu.py) || status=$?
+  # correctness before speed; from the repository (tests/ is a package there), with the repository last on the path
+  # (-P, --import-mode=append): its kuberl/ folder holds only the package's top files, and would hide the
+  # kuberl.api, .operator and .runtime that $scratch/src maps (a machine with kuberl installed finds them anyway)
+  (cd "$repo" && timeout --signal=INT --kill-after=20 "${KUBERL_GPU_TESTS_SECONDS:-300}" \
+    "$python" -P -m pytest -p no:cacheprovider --import-mode=append -m gpu tests/integration/runtime/test_gpu.py) || status=$?
 fi
+timeout --signal=INT --kill-after=20 "${KUBERL_GPU_SUITE_SECONDS:-600}" "$python" "$here/suite.py" "${args[@]}" || status=$?
 exit "$status"

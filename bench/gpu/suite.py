@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -452,25 +453,28 @@ class Environment:
         return self.flops_per_update(size, work)
 
 
-def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool) -> list[Row]:
+def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool, rows: list[Row], made: Callable[[], None]) -> None:
+    """Measures every row into `rows`, calling `made` after each item (a run cut short keeps what it measured)."""
     import torch
     from trainer_rows import TRAINER_ITEMS, Case, process_group
 
     cuda = torch.cuda.is_available() and not smoke
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     gpus = torch.cuda.device_count() if cuda else 0
-    rows: list[Row] = []
 
     def attempt(item: str, size: str, work: Callable[[], list[Row]]) -> None:
-        started = time.perf_counter()
+        started, before = time.perf_counter(), len(rows)
         try:
             rows.extend(work())
         except Exception as error:  # noqa: BLE001 - one failed item must not hide the others
+            traceback.print_exc()  # the whole story in the log; the row keeps its first line
             rows.append(failed(item, size, error))
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
         print(f"[{time.strftime('%H:%M:%S')}] {item} {size}: {time.perf_counter() - started:.0f} s", flush=True)
+        print(format_table(rows[before:]), flush=True)
+        made()
 
     configs = {size: smoke_config() if smoke else qwen25_config(size) for size in sizes}
     dirs = {size: build_model(configs[size], workdir / f"model-{size}", str(device)) for size in sizes}
@@ -498,7 +502,6 @@ def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool) -> list[Row]
     else:
         rows.append(skipped("grpo step vs TRL", sizes[0], NO_CUDA))
     attempt("multi-GPU", sizes[-1], lambda: two_rank_rows(dirs[sizes[-1]], sizes[-1], gpus))
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,16 +523,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         sizes = [SMOKE_MODEL]
     cuda = _cuda_available()
+    rows: list[Row] = []
+
+    def save() -> None:
+        if args.json:
+            args.json.write_text(json.dumps([row.__dict__ for row in rows], indent=1))
+
+    interrupted = False
     if args.dry_run or not (cuda or args.smoke):
         rows = dry_run_rows(sizes, "dry run" if args.dry_run else NO_CUDA)
     else:
-        with tempfile.TemporaryDirectory(prefix="kuberl-gpu-suite-") as scratch:
-            rows = run(sizes, args.workdir or Path(scratch), 1 if args.smoke else args.repeats, args.smoke)
+        try:
+            with tempfile.TemporaryDirectory(prefix="kuberl-gpu-suite-") as scratch:
+                run(sizes, args.workdir or Path(scratch), 1 if args.smoke else args.repeats, args.smoke, rows, save)
+        except KeyboardInterrupt:  # run.sh's time limit: the table of what was measured, marked as cut short
+            interrupted = True
     print(format_table(rows))
-    if args.json:
-        args.json.write_text(json.dumps([row.__dict__ for row in rows], indent=1))
+    if interrupted:
+        print(f"cut short (interrupted) after {len(rows)} rows: the rows after them were not measured")
+    save()
     measured = [row for row in rows if row.status != SKIPPED]
-    return 0 if all(row.status != "FAILED" for row in measured) else 1
+    return 0 if not interrupted and all(row.status != "FAILED" for row in measured) else 1
 
 
 def quiet_loading() -> None:

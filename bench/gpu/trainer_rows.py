@@ -83,21 +83,22 @@ def process_group(device: torch.device) -> Iterator[None]:
 
 def kuberl_trainer(model_dir: Path, device: torch.device, *, critic: bool = False, **options: Any) -> Any:
     """An FSDPTrainer as the model worker builds the actor (fp32 weights, bf16 compute on a GPU, AdamW)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     from kuberl.api.spec import LoRASpec, OptimizerSpec
     from kuberl.runtime.engines.fsdp import FSDPTrainer, keeps_frozen_in_compute_dtype
-    from kuberl.runtime.models.packed_attention import attention_implementation
+    from kuberl.runtime.models.packed_attention import attention_implementation, head_dim_of
+    from kuberl.runtime.models.value_model import VALUE_MODEL
 
     torch.manual_seed(0)
-    # as the model worker loads it: packed rows (padding_free) attend through a varlen kernel on a GPU
-    attention = attention_implementation(device.type, options.get("padding_free", False))
+    # as the model worker loads it: packed rows (padding_free) attend through a varlen kernel on a GPU, and a
+    # critic has no dropout before its value head
+    config = AutoConfig.from_pretrained(model_dir)
     if critic:
-        model = AutoModelForTokenClassification.from_pretrained(
-            model_dir, dtype=torch.float32, num_labels=1, attn_implementation=attention
-        )
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention)
+        config.update(VALUE_MODEL)
+    attention = attention_implementation(device.type, options.get("padding_free", False), head_dim=head_dim_of(config))
+    kind = AutoModelForTokenClassification if critic else AutoModelForCausalLM
+    model = kind.from_pretrained(model_dir, config=config, dtype=torch.float32, attn_implementation=attention)
     lora = options.pop("lora", False)
     if lora:
         from kuberl.runtime.models.lora import apply_lora
@@ -183,21 +184,46 @@ def lora_rows(case: Case) -> list[Row]:
 
 
 def packing_rows(case: Case) -> list[Row]:
+    """The padded update against the packed one, three ways: the packed passes holding as many tokens as a padded
+    pass has positions (models.actor.maxTokensPerMicroBatch, the main row: the same activation memory per pass,
+    as verl packs with use_dynamic_bsz), as many rows, and the whole batch in one pass on both sides. On a 0.5B
+    model a pass of 4 x 1024 keeps the GPU waiting for its ~3,400 kernel launches (#38's H200 profile), and
+    packing's fewer tokens pay only where the passes hold enough of them."""
     from kuberl.runtime.engines.inputs import forward_input
 
     padded, packed, batch = case.trainer(), case.trainer(padding_free=True), case.batch()
-    micro = case.work.micro
+    work = case.work
     fwd, mask = forward_input(batch), batch.response_mask.bool()
-    apart = float((padded.logprobs(fwd, 1.0, micro) - packed.logprobs(fwd, 1.0, micro))[mask].abs().max())
-    config = update_config(case.work)
-    slow, fast = case.alternate(updating(padded, batch, config), updating(packed, batch, config))
+    apart = float((padded.logprobs(fwd, 1.0, work.micro) - packed.logprobs(fwd, 1.0, work.micro))[mask].abs().max())
     attention = packed.model.config._attn_implementation
     real = 100 * float(batch.attention_mask.float().mean())
-    note = f"{real:.0f}% real tokens; packed through {attention}; log-probs at most {apart:.2g} apart"
-    row = Row(
-        "padding-free update", case.size, slow.seconds, "s padded", fast.seconds, "packed s", ">= 1.4x", note=note
+    budget = work.micro * work.length  # a padded pass's positions
+    rows_config, tokens_config = update_config(work), update_config(work, max_tokens_per_micro_batch=budget)
+    whole = update_config(work, micro_batch_size=work.sequences)
+    whole_tokens = update_config(work, max_tokens_per_micro_batch=work.sequences * work.length)
+    slow, same_tokens, same_rows, slow_whole, fast_whole = case.alternate(
+        updating(padded, batch, rows_config),
+        updating(packed, batch, tokens_config),
+        updating(packed, batch, rows_config),
+        updating(padded, batch, whole),
+        updating(packed, batch, whole_tokens),
     )
-    return [judge(row)]
+    note = f"{real:.0f}% real tokens; packed through {attention}; log-probs at most {apart:.2g} apart"
+    main = Row(
+        "padding-free update", case.size, slow.seconds, "s padded", same_tokens.seconds, "packed s", ">= 1.4x",
+        note=f"packed passes of <= {budget} tokens, padded of {work.micro} rows; {note}",
+    )  # fmt: skip
+    return [
+        judge(main),
+        Row(
+            "padding-free, same rows", case.size, slow.seconds, "s padded", same_rows.seconds, "packed s",
+            note=f"{work.micro} rows per pass on both sides",
+        ),
+        Row(
+            "padding-free, one pass", case.size, slow_whole.seconds, "s padded", fast_whole.seconds, "packed s",
+            note=f"all {work.sequences} rows in one pass on both sides",
+        ),
+    ]  # fmt: skip
 
 
 def offload_rows(case: Case) -> list[Row]:

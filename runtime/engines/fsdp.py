@@ -34,6 +34,7 @@ from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_logits
 from kuberl.runtime.engines.inputs import ForwardInput
 from kuberl.runtime.engines.micro_batches import MicroBatching, micro_batches
+from kuberl.runtime.models.attention_masks import builds_own_mask, packed_mask, padded_mask
 from kuberl.runtime.models.lora import adapters_off
 
 
@@ -173,31 +174,45 @@ def keeps_frozen_in_compute_dtype(
     return not trained or (lora and rollout_dtype == compute_dtype)
 
 
-def adamw_implementation(device_type: str) -> dict[str, bool]:
-    """AdamW's kernel for parameters on `device_type`: the fused one on CUDA, the for-loop elsewhere.
+def indexed(device: torch.device) -> torch.device:
+    """`device` with its index. A tensor made on "cuda" is on the current device, "cuda:0", and torch compares
+    the two as different devices: a trainer given "cuda" refused its own inputs on the first GPU run of the tests.
 
-    The fused kernel updates every shard in a few launches; the for-loop launches a handful of kernels per
-    parameter, which left the GPU idle: 94 ms against fused AdamW's 16 ms for a 1.5B step on one H200 (#38's
-    profile). torchtitan's default for FSDP2's DTensor parameters is the same ("fused", optimizer.implementation).
-    On the host (CPU runs, and offloaded shards, which live in host memory) the for-loop stays: a CPU run's
-    numbers do not change.
-
-    >>> adamw_implementation("cuda"), adamw_implementation("cpu")
-    ({'fused': True, 'foreach': False}, {'fused': False, 'foreach': False})
+    >>> indexed(torch.device("cpu")), indexed(torch.device("cuda", 1))
+    (device(type='cpu'), device(type='cuda', index=1))
     """
-    return {"fused": device_type == "cuda", "foreach": False}
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def adamw_implementation(parameters_on: str, trainer_on: str) -> dict[str, bool]:
+    """AdamW's kernel for parameters on device type `parameters_on`, of a trainer on `trainer_on`.
+
+    - On CUDA, the fused kernel: it updates every shard in a few launches, where the for-loop launches a handful
+      of kernels per parameter and left the GPU idle (94 ms against 16 ms for a 1.5B step on one H200, #38's
+      profile). torchtitan's default for FSDP2's DTensor parameters is the same ("fused").
+    - In host memory beside a GPU (models.<role>.offload): the CPU's fused kernel. The for-loop's step of an
+      offloaded 0.5B model took 0.74 s on the H200 machine's 16 cores, the fused one 0.14 s (bench/README.md).
+    - A CPU run keeps the for-loop: its numbers do not change.
+
+    >>> adamw_implementation("cuda", "cuda"), adamw_implementation("cpu", "cuda"), adamw_implementation("cpu", "cpu")
+    ({'fused': True, 'foreach': False}, {'fused': True, 'foreach': False}, {'fused': False, 'foreach': False})
+    """
+    return {"fused": parameters_on == "cuda" or trainer_on == "cuda", "foreach": False}
 
 
 def build_optimizer(
-    model: torch.nn.Module, spec: OptimizerSpec, total_steps: int
+    model: torch.nn.Module, spec: OptimizerSpec, total_steps: int, device_type: str = "cpu"
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `model`'s trained parameters, for a trainer on `device_type`, and its learning-rate schedule."""
     trained = [param for param in model.parameters() if param.requires_grad]  # with LoRA: the adapters only
     optimizer = torch.optim.AdamW(
         trained,
         lr=spec.lr,
         betas=(spec.betas[0], spec.betas[1]),
         weight_decay=spec.weight_decay,
-        **adamw_implementation(trained[0].device.type if trained else "cpu"),
+        **adamw_implementation(trained[0].device.type if trained else "cpu", device_type),
     )
     warmup, schedule = spec.warmup_steps, spec.schedule.value
 
@@ -252,7 +267,7 @@ class FSDPTrainer:
     ) -> None:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers PreTrainedModel
-        self.device = device
+        self.device = indexed(device)
         #: frozen linear layers held in the compute dtype (a reference model, a LoRA actor's base): see the function
         low_precision = frozen_in_compute_dtype and compute_dtype != torch.float32
         self.frozen_in_compute_dtype = low_precision and store_frozen_linears(model, compute_dtype) > 0
@@ -260,6 +275,8 @@ class FSDPTrainer:
         # and copies its shard back, so the whole model is never on the device at once
         self.model = apply_fsdp(model if offload else model.to(device), world_size, device.type, compute_dtype, offload)
         self.padding_free = padding_free  # training.paddingFree: packed forwards (engines/packing.py)
+        #: the 4D attention mask built here, so transformers reads nothing on the host per pass (models/attention_masks)
+        self.builds_own_mask = hasattr(model, "config") and builds_own_mask(model.config)
         # mixed precision FSDP2 does not do: forward passes under autocast (its backward follows the forward's dtypes)
         sharded = any(isinstance(module, FSDPModule) for module in self.model.modules())
         self.autocast_dtype = autocast_dtype(device.type, compute_dtype, sharded)
@@ -267,7 +284,7 @@ class FSDPTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if optim is not None:
-            self.optimizer, self.scheduler = build_optimizer(self.model, optim, total_steps)
+            self.optimizer, self.scheduler = build_optimizer(self.model, optim, total_steps, self.device.type)
         self.is_critic = not hasattr(model, "lm_head")
 
     # -- forward passes -------------------------------------------------------------------------
@@ -293,13 +310,21 @@ class FSDPTrainer:
             packed = inputs.packed
             if packed is None:
                 mask = inputs.attention_mask  # (m, P+R)
+                attention = padded_mask(mask) if self.builds_own_mask else mask  # (m, 1, L, L) or (m, L)
                 out = self.model(
-                    input_ids=inputs.input_ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False
+                    input_ids=inputs.input_ids,
+                    attention_mask=attention,
+                    position_ids=position_ids(mask),
+                    use_cache=False,
                 )
                 outputs = out.logits[:, inputs.prompt_width - 1 : -1]  # (m, R, V) position t predicts token t
                 return outputs.reshape(-1, outputs.shape[-1]), None  # (m * R, V)
-            # no attention mask: position ids that restart make transformers attend within each row only
-            out = self.model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+            # position ids that restart: each sequence attends within itself (without a mask, transformers reads that
+            # from the position ids, as flash-attention and FlexAttention do)
+            own = packed_mask(packed.position_ids) if self.builds_own_mask else None  # (1, 1, T, T)
+            out = self.model(
+                input_ids=packed.input_ids, attention_mask=own, position_ids=packed.position_ids, use_cache=False
+            )
             return out.logits[0].index_select(0, packed.sources), packed.targets  # (K, V), (K,)
 
     def forward_values(self, inputs: ForwardInput) -> Tensor:

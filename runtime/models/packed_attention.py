@@ -31,13 +31,23 @@ _flex_by_device: dict[str, Any] = {}
 _last_mask: tuple[Tensor, int | None, Any] | None = None
 
 
-def attention_implementation(device_type: str, padding_free: bool, flash_installed: bool | None = None) -> str | None:
+#: The smallest head dimension FlexAttention's GPU kernel takes (Triton's tl.dot: inductor raises NYI below it).
+FLEX_MIN_HEAD_DIM = 16
+
+
+def attention_implementation(
+    device_type: str, padding_free: bool, flash_installed: bool | None = None, head_dim: int | None = None
+) -> str | None:
     """The `attn_implementation` a trainer's model loads with, or None for transformers' default (SDPA).
+    `head_dim` is the model's (`head_dim_of`): below FLEX_MIN_HEAD_DIM FlexAttention cannot run on a GPU, and
+    such a model keeps SDPA over the dense mask (right, only not faster).
 
     >>> attention_implementation("cuda", True, flash_installed=True)
     'flash_attention_2'
-    >>> attention_implementation("cuda", True, flash_installed=False)
+    >>> attention_implementation("cuda", True, flash_installed=False, head_dim=64)
     'kuberl_packed_flex'
+    >>> attention_implementation("cuda", True, flash_installed=False, head_dim=8) is None
+    True
     >>> attention_implementation("cuda", False) is None, attention_implementation("cpu", True) is None
     (True, True)
     """
@@ -49,8 +59,21 @@ def attention_implementation(device_type: str, padding_free: bool, flash_install
         flash_installed = is_flash_attn_2_available()  # flash-attn >= 2.3.3 beside CUDA, as transformers loads it
     if flash_installed:
         return "flash_attention_2"
+    if head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM:
+        return None
     register_flex()
     return FLEX
+
+
+def head_dim_of(config: Any) -> int:
+    """The attention head dimension of a transformers model config (its text part, for a multimodal one).
+
+    >>> from transformers import Qwen2Config
+    >>> head_dim_of(Qwen2Config(hidden_size=64, num_attention_heads=4))
+    16
+    """
+    text = config.get_text_config()
+    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
 
 
 def register_flex() -> None:

@@ -114,3 +114,22 @@ def test_every_trainer_row_runs_without_vllm_or_ray(tmp_path) -> None:
     measured = {item for item, row in rows.items() if row["status"] not in (FAILED, SKIPPED)}
     assert {"update", "LoRA update", "padding-free update", "critic update", "hf engine sync"} <= measured
     assert all(rows[item]["status"] == SKIPPED for item in ("sleep/wake", "sync", "rollout"))
+
+
+def test_a_suite_cut_short_by_its_time_limit_prints_and_saves_the_rows_it_measured(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """run.sh interrupts the suite at its limit (SIGINT): a lent GPU's call has a limit too, and the rows measured
+    before it must come back, marked as cut short, with a failing exit status."""
+
+    def measured_one_then_interrupted(sizes, workdir, repeats, smoke, rows, made) -> None:
+        rows.append(Row("update", "smoke", 1.0, "s", 1.0, "plain s", "<= 1.0x"))
+        made()
+        assert json.loads((tmp_path / "rows.json").read_text())[0]["item"] == "update"  # saved as it was made
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(suite, "run", measured_one_then_interrupted)
+    assert suite.main(["--smoke", "--json", str(tmp_path / "rows.json")]) == 1
+    out = capsys.readouterr().out
+    assert "| update | smoke | 1 s |" in out and "cut short (interrupted) after 1 rows" in out
+    assert [row["item"] for row in json.loads((tmp_path / "rows.json").read_text())] == ["update"]

@@ -32,14 +32,15 @@ def sgd(parameters) -> torch.optim.Optimizer:
     return torch.optim.SGD(parameters, lr=OPTIM.lr)
 
 
-def tiny_model() -> torch.nn.Module:
+def tiny_model(hidden_size: int = 32) -> torch.nn.Module:
+    """A 2-layer Qwen2 with 4 query heads over 2 key-value heads (head dim hidden_size / 4)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,

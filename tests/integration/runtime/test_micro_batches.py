@@ -13,6 +13,7 @@ import torch
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
+from kuberl.runtime.models.value_model import VALUE_MODEL
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, make_batch, tiny_model
 
 pytestmark = pytest.mark.integration
@@ -25,7 +26,7 @@ def tiny_critic() -> torch.nn.Module:
 
     torch.manual_seed(0)
     config = tiny_model().config
-    config.num_labels = 1
+    config.update(VALUE_MODEL)  # as the model worker loads a critic
     return Qwen2ForTokenClassification(config).float()
 
 

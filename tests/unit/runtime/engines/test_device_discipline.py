@@ -31,9 +31,10 @@ from kuberl.runtime.algorithms.kl import kl_penalty
 from kuberl.runtime.algorithms.losses import PolicyLossInputs, aggregate_loss, value_loss
 from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import EngineAsleepError, SleepState
-from kuberl.runtime.engines.fsdp import FSDPTrainer, process_group_backend
+from kuberl.runtime.engines.fsdp import FSDPTrainer, adamw_implementation, indexed, process_group_backend
 from kuberl.runtime.engines.sampling import generator_device
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
+from kuberl.runtime.models.value_model import VALUE_MODEL
 from kuberl.runtime.workers.model_worker import ModelWorker
 from tests.unit.runtime.loop.recording import train_one_step
 
@@ -90,6 +91,20 @@ def test_inputs_on_one_device_pass_the_check() -> None:
 def test_a_gpu_process_group_carries_gloo_for_host_counts_beside_nccl() -> None:
     assert process_group_backend("cuda") == "cpu:gloo,cuda:nccl"
     assert process_group_backend("cpu") == "gloo"
+
+
+def test_a_trainer_given_cuda_without_an_index_holds_the_current_gpu(monkeypatch) -> None:
+    """A tensor made on "cuda" is on "cuda:0", which torch compares unequal to "cuda": the first GPU run of
+    test_gpu.py failed every trainer case on that ("the forward input is on cuda:0, the trainer on cuda")."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert indexed(torch.device("cuda")) == torch.device("cuda", 1)
+    assert indexed(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert indexed(torch.device("cpu")) == torch.device("cpu")
+
+
+def test_an_offloaded_gpu_trainer_steps_with_the_fused_kernel_and_a_cpu_run_with_the_for_loop() -> None:
+    assert adamw_implementation("cuda", "cuda")["fused"] and adamw_implementation("cpu", "cuda")["fused"]
+    assert adamw_implementation("cpu", "cpu") == {"fused": False, "foreach": False}
 
 
 def test_sampling_on_a_gpu_draws_from_a_generator_on_that_gpu() -> None:
@@ -243,6 +258,43 @@ def test_forward_passes_on_another_device_come_back_to_the_host_in_one_read() ->
     logprobs = trainer.logprobs(forward_input(host_batch()), temperature=1.0, micro_batch_size=3)
     assert logprobs.shape == (ROWS, RESPONSE) and logprobs.device.type == "cpu"
     assert trainer.host_reads == [(ROWS, RESPONSE)]  # three passes, one read
+
+
+def qwen2(critic: bool = False) -> nn.Module:
+    """A real transformers Qwen2 (2 layers, grouped-query SDPA attention), as a policy or a value model."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, **VALUE_MODEL,
+    )  # fmt: skip
+    return Qwen2ForTokenClassification(config) if critic else Qwen2ForCausalLM(config)
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+def test_a_transformers_model_updates_on_another_device_without_reading_its_mask_on_the_host(
+    padding_free: bool,
+) -> None:
+    """Given a padding mask or restarting position ids, transformers asks on the host whether it needs a mask
+    (`.all()` in masking_utils): on an H200 that was a wait per pass (#38's GPU test). The trainer hands a real
+    Qwen2 the 4D mask itself (models/attention_masks.py), so its update runs on meta, where any read raises."""
+    trainer = MetaDeviceTrainer(qwen2(), padding_free=padding_free)
+    assert trainer.builds_own_mask
+    update_policy(trainer, host_batch(), config())
+    assert trainer.optimizer_steps == 4 and len(trainer.host_reads) == 1
+    critic = MetaDeviceTrainer(qwen2(critic=True), padding_free=padding_free)
+    update_critic(critic, host_batch(with_critic_targets=True), config())
+    assert critic.optimizer_steps == 4 and len(critic.host_reads) == 1
+
+
+def test_a_model_given_only_a_padding_mask_reads_it_on_the_host() -> None:
+    """The other side of the test above: without the trainer's mask, transformers' own mask reads a value, which
+    the meta device refuses. (Were this to pass one day, transformers would need the trainer's mask no more.)"""
+    model = qwen2().to(META)
+    ids, mask = torch.ones(2, 4, dtype=torch.long, device=META), torch.ones(2, 4, dtype=torch.long, device=META)
+    with pytest.raises(RuntimeError, match="meta"):
+        model(input_ids=ids, attention_mask=mask)
 
 
 # -- the colocated step sleeps the engine, and wakes it weights first --------------------------------
