@@ -83,22 +83,15 @@ def process_group(device: torch.device) -> Iterator[None]:
 
 def kuberl_trainer(model_dir: Path, device: torch.device, *, critic: bool = False, **options: Any) -> Any:
     """An FSDPTrainer as the model worker builds the actor (fp32 weights, bf16 compute on a GPU, AdamW)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
-
     from kuberl.api.spec import LoRASpec, OptimizerSpec
     from kuberl.runtime.engines.fsdp import FSDPTrainer, keeps_frozen_in_compute_dtype
-    from kuberl.runtime.models.packed_attention import attention_implementation, head_dim_of
-    from kuberl.runtime.models.value_model import VALUE_MODEL
+    from kuberl.runtime.models.loading import load_trainer_model
 
     torch.manual_seed(0)
-    # as the model worker loads it: packed rows (padding_free) attend through a varlen kernel on a GPU, and a
-    # critic has no dropout before its value head
-    config = AutoConfig.from_pretrained(model_dir)
-    if critic:
-        config.update(VALUE_MODEL)
-    attention = attention_implementation(device.type, options.get("padding_free", False), head_dim=head_dim_of(config))
-    kind = AutoModelForTokenClassification if critic else AutoModelForCausalLM
-    model = kind.from_pretrained(model_dir, config=config, dtype=torch.float32, attn_implementation=attention)
+    padding_free = options.get("padding_free", False)
+    model = load_trainer_model(
+        model_dir, torch.float32, critic=critic, padding_free=padding_free, device_type=device.type
+    )
     lora = options.pop("lora", False)
     if lora:
         from kuberl.runtime.models.lora import apply_lora

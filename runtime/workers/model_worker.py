@@ -34,10 +34,9 @@ from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.engines.micro_batches import MicroBatching
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
 from kuberl.runtime.models.dtypes import reference_dtype, rollout_dtype, torch_dtype
+from kuberl.runtime.models.loading import load_trainer_model
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
-from kuberl.runtime.models.packed_attention import attention_implementation, head_dim_of
 from kuberl.runtime.models.resolve import ModelLocation
-from kuberl.runtime.models.value_model import VALUE_MODEL
 from kuberl.runtime.workers.group import worker_device
 
 #: Models with weights and optimiser state that checkpoints carry (the reference never changes).
@@ -179,20 +178,13 @@ class ModelWorker:
         lora: Any = None,
         offload: bool = False,
     ) -> FSDPTrainer:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
-
         assert self.job is not None
         torch.manual_seed(self.job.spec.training.seed)  # a new value head starts the same on every rank
-        kind = AutoModelForTokenClassification if critic else AutoModelForCausalLM
-        path = location.resolve()
-        config = AutoConfig.from_pretrained(path)
-        if critic:
-            config.update(VALUE_MODEL)  # one value per token, no dropout before it
-        padding_free, on_gpu = self.job.spec.training.padding_free, self.device.type == "cuda"
-        # transformers' default (SDPA), or on a GPU for packed rows a kernel that reads where each starts
-        head_dim = head_dim_of(config) if padding_free and on_gpu else None
-        attention = attention_implementation(self.device.type, padding_free, head_dim=head_dim)
-        model = kind.from_pretrained(path, config=config, dtype=torch_dtype(dtype), attn_implementation=attention)
+        padding_free = self.job.spec.training.padding_free
+        model = load_trainer_model(
+            location.resolve(), torch_dtype(dtype), critic=critic, padding_free=padding_free,
+            device_type=self.device.type,
+        )  # fmt: skip
         if optim is None:
             model.requires_grad_(False)
         if lora is not None:

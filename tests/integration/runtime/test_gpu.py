@@ -12,7 +12,7 @@ Tolerances:
   for matmuls in PyTorch), and AdamW's first steps divide each gradient by its own size, so a small gradient's
   rounding moves its weight by a visible share of lr. Measured on an H200 (2026-11-28, bench/gpu/run.sh --tests):
   3.6e-4 for the policy update, over the 1e-4 reasoned before; the critic's 0.04 there came with the dropout
-  transformers put before its value head, which the critic no longer has (models/value_model.py).
+  transformers put before its value head, which the critic no longer has (models/loading.py).
 - Engine vs trainer log-probs after a sync, bf16 weights on both sides: 1e-3 on the mean absolute difference
   over the probe's tokens, 2e-2 on the largest. bf16 keeps 8 significant bits (relative rounding 2^-9 ~ 2e-3
   per stored value); both sides hold bit-identical bf16 weights after the sync and accumulate matmuls in fp32,
@@ -35,8 +35,8 @@ from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.engines.fsdp import FSDPTrainer, process_group_backend
 from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
+from kuberl.runtime.models.loading import VALUE_MODEL
 from kuberl.runtime.models.packed_attention import FLEX_MIN_HEAD_DIM, attention_implementation, head_dim_of
-from kuberl.runtime.models.value_model import VALUE_MODEL
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, make_batch, tiny_model
 

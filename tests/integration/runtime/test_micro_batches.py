@@ -13,7 +13,7 @@ import torch
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
-from kuberl.runtime.models.value_model import VALUE_MODEL
+from kuberl.runtime.models.loading import VALUE_MODEL
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, make_batch, tiny_model
 
 pytestmark = pytest.mark.integration

@@ -34,7 +34,7 @@ from kuberl.runtime.engines.base import EngineAsleepError, SleepState
 from kuberl.runtime.engines.fsdp import FSDPTrainer, adamw_implementation, indexed, process_group_backend
 from kuberl.runtime.engines.sampling import generator_device
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
-from kuberl.runtime.models.value_model import VALUE_MODEL
+from kuberl.runtime.models.loading import VALUE_MODEL
 from kuberl.runtime.workers.model_worker import ModelWorker
 from tests.unit.runtime.loop.recording import train_one_step
 

@@ -1,5 +1,6 @@
-"""A critic loads without the dropout transformers puts before a token-classification head (0.1 for Qwen2 and
-Llama configs): its update runs in train mode and its values for GAE in eval mode, which must be one function."""
+"""models/loading.py: a critic loads without the dropout transformers puts before a token-classification
+head (0.1 for Qwen2 and Llama configs): its update runs in train mode and its values for GAE in eval mode, which
+must be one function."""
 
 import torch
 
