@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite: kuberl's GPU path measured on one machine, one table at the end (bench/gpu/suite.py).
-#   bash bench/gpu/run.sh                 # Qwen2.5-0.5B and -1.5B shapes, random weights; <= 10 min on one H100
+#   bash bench/gpu/run.sh                 # Qwen2.5-0.5B and -1.5B shapes, random weights; ~3 min on one H200 (no vLLM there)
 #   bash bench/gpu/run.sh --dry-run       # the plan without a GPU (CI runs this)
 #   bash bench/gpu/run.sh --smoke         # every row this machine can run, on a tiny model, on the CPU
 #   bash bench/gpu/run.sh --tests         # first `pytest -m gpu` (tests/integration/runtime/test_gpu.py), then the suite

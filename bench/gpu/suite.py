@@ -2,7 +2,7 @@
 engine, and where vLLM is installed the colocated vLLM engine (sleep/wake, the in-place sync, rollout speed).
 One table at the end.
 
-    bash bench/gpu/run.sh                    # everything, <= 10 min on one H100
+    bash bench/gpu/run.sh                    # everything: ~3 min on one H200 without vLLM (2026-11-28)
     bash bench/gpu/run.sh --models 0.5B      # one model
     bash bench/gpu/run.sh --dry-run          # no GPU work: the plan, the models' sizes, every row skipped
     bash bench/gpu/run.sh --smoke            # every row this machine can run, on a tiny model, on the CPU
