@@ -59,10 +59,12 @@ import json
 import logging
 import math
 import os
+import random
 import secrets
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -76,11 +78,38 @@ from typing import Any
 
 import yaml
 
-from tests.integration.envtest import ControlPlane, free_port, rfc3339
+from tests.integration.envtest import ControlPlane, rfc3339
 
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: The ports the stand-in gives its pods' servers (Ray's, the driver's metrics): below the kernel's ephemeral range
+#: (net.ipv4.ip_local_port_range, 32768-60999 by default). A port picked by binding port 0 comes from that range,
+#: and so does the local port of every outgoing connection on the machine: one picked that way and bound seconds
+#: later by a pod's process was taken by then, once, with the unit suite running beside (a resumed driver's metrics
+#: server: "Address already in use"). On a cluster each pod has a network namespace of its own; here all share one.
+POD_PORTS = range(20000, 32000)
+_pod_ports_given: set[int] = set()
+_pod_ports_lock = threading.Lock()
+
+
+def pod_port() -> int:
+    """A port for a pod's server: outside the ephemeral range, free now, and never given to another pod before."""
+    with _pod_ports_lock:
+        for port in random.sample(POD_PORTS, 100):
+            if port in _pod_ports_given:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("", port))
+                except OSError:
+                    continue
+            _pod_ports_given.add(port)
+            return port
+    raise RuntimeError(f"no free port for a pod in {POD_PORTS.start}-{POD_PORTS.stop - 1}")
+
+
 #: KubeRay's RayJobStopJobFinalizer: the Ray job is stopped before the RayJob goes.
 RAYJOB_FINALIZER = "ray.io/rayjob-finalizer"
 #: The stand-in's own: a RayCluster whose pods still run is not gone yet.
@@ -737,8 +766,8 @@ class KubeRayStandIn:
                 namespace=meta["namespace"],
                 name=meta["name"],
                 rayjob=(meta.get("labels") or {}).get(ORIGIN_NAME_LABEL, ""),
-                gcs_port=free_port(),
-                dashboard_port=free_port(),
+                gcs_port=pod_port(),
+                dashboard_port=pod_port(),
                 token=self._ray_token(meta["namespace"], spec),
             )
             self.clusters[key] = cluster
@@ -844,7 +873,7 @@ class KubeRayStandIn:
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        ports = {int(port["containerPort"]): free_port() for port in container.get("ports") or []}
+        ports = {int(port["containerPort"]): pod_port() for port in container.get("ports") or []}
         env = self._environment(cluster, container, ports)
         mounts = self._mounts(cluster.namespace, pod_spec, container, folder)
         argv = self._ray_start(cluster, group_spec, container, head)
@@ -1020,12 +1049,12 @@ class KubeRayStandIn:
         params.update({key: unquoted(value) for key, value in (group_spec.get("rayStartParams") or {}).items()})
         params.update(
             {
-                "node-manager-port": str(free_port()),
-                "object-manager-port": str(free_port()),
-                "metrics-export-port": str(free_port()),
-                "dashboard-agent-listen-port": str(free_port()),
-                "dashboard-agent-grpc-port": str(free_port()),
-                "runtime-env-agent-port": str(free_port()),
+                "node-manager-port": str(pod_port()),
+                "object-manager-port": str(pod_port()),
+                "metrics-export-port": str(pod_port()),
+                "dashboard-agent-listen-port": str(pod_port()),
+                "dashboard-agent-grpc-port": str(pod_port()),
+                "runtime-env-agent-port": str(pod_port()),
                 "min-worker-port": "0",
                 "max-worker-port": "0",
             }
@@ -1035,7 +1064,7 @@ class KubeRayStandIn:
                 {
                     "port": str(cluster.gcs_port),
                     "dashboard-port": str(cluster.dashboard_port),
-                    "ray-client-server-port": str(free_port()),
+                    "ray-client-server-port": str(pod_port()),
                     "include-dashboard": "true",
                 }
             )
