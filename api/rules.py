@@ -360,12 +360,18 @@ def lora_reference_keeps_the_actors_dtype(spec: "RLJobSpec") -> Iterator[RulePro
 
 def optimizer_offload_goes_with_params(offload: "OffloadSpec") -> Iterator[RuleProblem]:
     """FSDP2's CPUOffloadPolicy moves parameters, gradients and optimiser state together, and the optimiser steps
-    where the parameters live: neither half can be had alone."""
+    where the parameters live: neither half can be had alone. perLayer only says how offloaded parameters move."""
     if offload.params and not offload.optimizer:
         yield (
             ("optimizer",),
             "with params offloaded FSDP2 steps the optimiser on the CPU, so its state is in host memory too; "
             "set optimizer: true as well",
+        )
+    if offload.per_layer is not None and not offload.params:
+        yield (
+            ("perLayer",),
+            "perLayer says how offloaded parameters move during an update; set params: true (and optimizer: true) "
+            "as well, or remove perLayer",
         )
     if offload.optimizer and not offload.params:
         yield (

@@ -171,21 +171,23 @@ def token_budget_description(what: str, row_field: str, verl: str) -> str:
 
 #: What offloading a trained model does, for `kuberl explain` of each role's offload field.
 OFFLOAD_TRADE = (
-    "Both on (or neither): FSDP2's CPUOffloadPolicy keeps the shards, their gradients and the optimiser state in "
-    "host memory, copies each layer's shard to the device for its all-gather, and steps the optimiser on the CPU: "
-    "the device holds no weights or AdamW moments between uses (16 bytes a float32 parameter), at the cost of "
-    "host-device copies and a CPU optimiser step each update."
+    "Both on (or neither): FSDP2's CPUOffloadPolicy keeps the shards and the optimiser state in host memory and "
+    "steps the optimiser on the CPU: between updates the device holds none of the model (16 bytes a float32 "
+    "parameter with AdamW's moments). During an update one rank holds the model in the compute dtype and its "
+    "float32 gradients (6 bytes a parameter with bf16), copied in once and out once per optimiser step; more "
+    "ranks, or perLayer: true, hold one layer at a time, copied at every pass (slower)."
 )
 
 
 class OffloadSpec(KuberlModel):
     """Where a trained model's FSDP2 shards live between uses: on the accelerator, or in host memory.
 
-    Both on is FSDP2's `CPUOffloadPolicy`: the sharded parameters, their gradients and the optimiser state stay
-    in host memory; each layer's shard is copied to the device for its all-gather, gradients are copied back,
+    Both on is FSDP2's `CPUOffloadPolicy`: the sharded parameters and the optimiser state stay in host memory,
     and the optimiser step runs on the CPU. It trades step time for device memory (the model's weights and the
     two AdamW moments, 16 bytes a parameter in float32, leave the device). FSDP2 steps the optimiser where the
-    parameters live, so the two go together: one without the other is refused.
+    parameters live, so the two go together: one without the other is refused. `perLayer` says what an update
+    holds on the device: one layer at a time, or the gathered model and its gradients for the step's passes
+    (`FSDPTrainer.before_pass`).
     """
 
     params: bool = Field(
@@ -197,6 +199,16 @@ class OffloadSpec(KuberlModel):
         False,
         description="Keep the optimiser state (AdamW's moments) in host memory and step on the CPU (verl: "
         "fsdp_config.optimizer_offload). FSDP2 does this only together with params: true.",
+    )
+    per_layer: bool | None = Field(
+        None,
+        description="How an offloaded model moves during an update. true: layer by layer, at every pass (verl: "
+        "fsdp_config.offload_policy): each pass copies every layer's shard in and its gradients out, so the "
+        "device never holds more than a layer. false: gathered once for the optimiser step: the update keeps the "
+        "whole model in the compute dtype and its float32 gradients on each rank's device until the step, 6 bytes "
+        "a parameter with bf16, not divided among ranks (on one H200 a 0.5B update of 8 passes took 1.6x the "
+        "on-device update's time this way, 6.5x layer by layer; bench/README.md). Unset: false on one rank, true "
+        "on more, where each rank would otherwise hold the whole model. Needs params: true.",
     )
 
     @model_validator(mode="after")

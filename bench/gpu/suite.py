@@ -478,7 +478,9 @@ def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool, rows: list[R
 
     configs = {size: smoke_config() if smoke else qwen25_config(size) for size in sizes}
     dirs = {size: build_model(configs[size], workdir / f"model-{size}", str(device)) for size in sizes}
+    # the offload rows: the update's batch (#38's shape: 32 x 1024 tokens, 8 passes) on the smaller model
     works = {"update": SMOKE if smoke else UPDATE, "packing": SMOKE_PACKING if smoke else PACKING}
+    works["offload"] = works["update"]
     env = Environment(
         vocab=configs[sizes[0]].vocab_size,
         peak=peak_flops(torch.cuda.get_device_name()) if cuda else None,

@@ -344,11 +344,14 @@ def offload_rule(config: Config) -> Derived:
     """fsdp_config.param_offload / optimizer_offload / offload_policy, and megatron.param_offload /
     optimizer_offload -> models.<role>.offload.
 
-    kuberl offloads with FSDP2's CPUOffloadPolicy (verl's offload_policy), which keeps parameters, gradients and
-    optimiser state in host memory together: a role that offloads either half gets both, and the half verl left
-    on the device is reported. verl's param_offload moves the weights out between stages and back for compute;
-    kuberl's copies them in layer by layer. A LoRA actor's reference is its own base weights: the reference's
-    switch is reported, the actor's offload covers those weights.
+    kuberl offloads with FSDP2's CPUOffloadPolicy, which keeps parameters and optimiser state in host memory
+    together: a role that offloads either half gets both, and the half verl left on the device is reported.
+    verl's param_offload moves the weights out between stages and back for compute, and so does kuberl's offload
+    on one rank: an update gathers the model once and keeps its gradients on the device until the step (on more
+    ranks it moves layer by layer). verl's offload_policy (offload during compute too) is offload.perLayer:
+    true, layer by layer at every pass. A LoRA
+    actor's reference is its own base weights: the reference's switch is reported, the actor's offload covers
+    those weights.
     """
     out = Derived()
     for field, prefixes in OFFLOAD_ROLES.items():
@@ -359,7 +362,8 @@ def offload_rule(config: Config) -> Derived:
         }
         params = any(on for key, on in switches.items() if key.endswith("param_offload"))
         optimizer = any(on for key, on in switches.items() if key.endswith("optimizer_offload"))
-        if config.get(f"{prefixes[0]}.offload_policy"):
+        per_layer = bool(config.get(f"{prefixes[0]}.offload_policy"))
+        if per_layer:
             params = optimizer = True
         elif params != optimizer:
             source = next(key for key, on in switches.items() if on).rsplit(".", 1)[0]
@@ -367,7 +371,7 @@ def offload_rule(config: Config) -> Derived:
             why = "FSDP2 offloads parameters and optimiser state together: kuberl offloads both"
             out.lost.append(LostKnob(key, config.get(key, False), why, False))
         if params or optimizer:
-            out.fields[field] = {"params": True, "optimizer": True}
+            out.fields[field] = {"params": True, "optimizer": True} | ({"perLayer": True} if per_layer else {})
     for key in REFERENCE_OFFLOADS:
         if not config.get(key):
             continue

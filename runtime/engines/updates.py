@@ -170,6 +170,7 @@ def update_policy(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
             passes = trainer.micro_batches(fwd, cfg.micro_batching, span)
             on_device = micro_batches_on(trainer.device, batch, passes, mask, pack=trainer.padding_free)
             for index, micro in enumerate(on_device):
+                trainer.before_pass(last=index == len(passes) - 1)
                 loss, old_logprobs = _policy_pass(trainer, micro, cfg, counts, shares, totals, index)
                 loss.backward()
                 shares["actor/loss"] = shares["actor/loss"] + loss.detach()
@@ -279,7 +280,9 @@ def update_critic(trainer: FSDPTrainer, batch: RolloutBatch, cfg: UpdateConfig) 
             global_tokens, global_seqs = _mini_batch_counts(mask[span])
             loss_share: Tensor | float = 0.0
             passes = trainer.micro_batches(fwd, cfg.micro_batching, span)
-            for micro in micro_batches_on(trainer.device, batch, passes, mask, pack=trainer.padding_free):
+            on_device = micro_batches_on(trainer.device, batch, passes, mask, pack=trainer.padding_free)
+            for index, micro in enumerate(on_device):
+                trainer.before_pass(last=index == len(passes) - 1)
                 assert micro.values is not None and micro.returns is not None
                 loss, metrics = value_loss(
                     trainer.forward_values(micro.forward),

@@ -114,6 +114,7 @@ class ModelWorker:
                 gradient_checkpointing=actor.gradient_checkpointing,
                 lora=actor.lora,
                 offload=actor.offload.params,
+                offload_per_layer=actor.offload.per_layer,
             )
         self.reference_is_base = (
             "actor" in setup.roles
@@ -139,6 +140,7 @@ class ModelWorker:
                 critic=True,
                 gradient_checkpointing=critic.gradient_checkpointing,
                 offload=critic.offload.params,
+                offload_per_layer=critic.offload.per_layer,
             )
         if "rollout" in setup.roles:
             self.engine = self._rollout_engine(str(setup.models["actor"].resolve()))
@@ -155,6 +157,7 @@ class ModelWorker:
                 "dtype": str(next(trainer.model.parameters()).dtype).removeprefix("torch."),
                 "gradient_checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False)),
                 "offloaded_to_cpu": offloaded_to_cpu(trainer.model),
+                "offload_gathers_per_step": trainer.gathers_per_step,
                 "padding_free": trainer.padding_free,
             }
             for role, trainer in self.trainers.items()
@@ -177,6 +180,7 @@ class ModelWorker:
         gradient_checkpointing: bool = False,
         lora: Any = None,
         offload: bool = False,
+        offload_per_layer: bool | None = None,
     ) -> FSDPTrainer:
         assert self.job is not None
         torch.manual_seed(self.job.spec.training.seed)  # a new value head starts the same on every rank
@@ -204,6 +208,7 @@ class ModelWorker:
             gradient_checkpointing=gradient_checkpointing,
             compute_dtype=compute,
             offload=offload,
+            offload_per_layer=offload_per_layer,
             padding_free=padding_free,
             frozen_in_compute_dtype=keeps_frozen_in_compute_dtype(
                 optim is not None, lora is not None, compute, rollout

@@ -1,19 +1,24 @@
 """CPU offload (models.<role>.offload) changes where FSDP2 keeps the shards, never what an update computes.
 
-Two real gloo ranks train the same batch twice: once as usual, once with FSDP2's CPUOffloadPolicy. The
-offloaded model reports the policy on every FSDP unit (FSDP2's own per-parameter flag) and keeps its shards,
-and the optimiser state, in host memory; the losses and the weights after two AdamW steps equal the
-non-offloaded run's. On this CPU-only machine the device *is* host memory, so "in host memory" cannot differ
-from the non-offloaded run by place alone: FSDP2's flag is what tells the two apart here, and the equality
-shows the offloaded path (host copies of shards and gradients, the optimiser stepping on them) is exact.
-The offloaded trainer's checkpoint (DCP, as the job saves it) resumes into a fresh offloaded trainer whose next
-update equals the original's.
+Two real gloo ranks train the same batch four times: as usual, and with FSDP2's CPUOffloadPolicy in each of
+offload.perLayer's settings. An offloaded model reports the policy on every FSDP unit (FSDP2's own per-parameter
+flag) and keeps its shards, and the optimiser state, in host memory; the losses and the weights after two AdamW
+steps equal the non-offloaded run's. On this CPU-only machine the device *is* host memory, so "in host memory"
+cannot differ from the non-offloaded run by place alone: FSDP2's flag is what tells the two apart here, and the
+equality shows the offloaded path (host copies of shards and gradients, the optimiser stepping on them) is exact.
+
+perLayer shows in what an update does between its passes: gathered for the step (perLayer: false), no gradient
+reaches the (host-side) shards before the step's last pass, which reduces the gradients kept on the device; per
+layer (true, or unset on two ranks) and without offload every pass reduces its own. The offloaded trainer's
+checkpoint (DCP, as the job saves it) resumes into a fresh offloaded trainer whose next update equals the
+original's.
 """
 
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.checkpoint.state import load_trainer_state, save_trainer_state
@@ -27,7 +32,16 @@ pytestmark = pytest.mark.integration
 WORLD = 2
 
 
-def trainer_with(offload: bool) -> FSDPTrainer:
+#: the layouts: (offload.params and .optimizer, offload.perLayer); unset, two ranks move layer by layer
+MODES = {
+    "on the device": (False, None),
+    "offloaded": (True, False),
+    "offloaded per layer": (True, True),
+    "offloaded, perLayer unset": (True, None),
+}
+
+
+def trainer_with(offload: bool, per_layer: bool | None = False) -> FSDPTrainer:
     return FSDPTrainer(
         tiny_model(),
         world_size=WORLD,
@@ -35,7 +49,22 @@ def trainer_with(offload: bool) -> FSDPTrainer:
         optim=OptimizerSpec(lr=1e-2),
         total_steps=10,
         offload=offload,
+        offload_per_layer=per_layer,
     )
+
+
+def reduced_at_each_pass(trainer: FSDPTrainer) -> list[int]:
+    """Notes, at the start of each pass of an update, how many parameters hold a reduced gradient: a sharded
+    DTensor's (a gradient kept unreduced for the step is the gathered parameter's, a plain tensor)."""
+    seen: list[int] = []
+    before_pass = trainer.before_pass
+
+    def noting(last: bool) -> None:
+        seen.append(sum(isinstance(param.grad, DTensor) for param in trainer.model.parameters()))
+        before_pass(last=last)
+
+    trainer.before_pass = noting  # type: ignore[method-assign]
+    return seen
 
 
 def train_rank(rank: int, rendezvous: str, out: str, checkpoints: str) -> None:
@@ -43,15 +72,18 @@ def train_rank(rank: int, rendezvous: str, out: str, checkpoints: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
-    results = {}
-    for offload in (False, True):
-        trainer = trainer_with(offload)
-        shard = layout(make_batch(), WORLD, CONFIG["mini_batches"]).shard(WORLD)[rank]
-        config = UpdateConfig(world_size=WORLD, **CONFIG)
+    results, trainers = {}, {}
+    shard = layout(make_batch(), WORLD, CONFIG["mini_batches"]).shard(WORLD)[rank]
+    config = UpdateConfig(world_size=WORLD, **{**CONFIG, "micro_batch_size": 1})  # two passes a step
+    for mode, (offload, per_layer) in MODES.items():
+        trainer = trainers[mode] = trainer_with(offload, per_layer)
+        reduced = reduced_at_each_pass(trainer)
         losses = [update_policy(trainer, shard, config)["actor/loss"] for _ in "12"]
         assert trainer.optimizer is not None
-        results[offload] = {
+        results[mode] = {
             "policy": offloaded_to_cpu(trainer.model),
+            "gathers_per_step": trainer.gathers_per_step,
+            "reduced": list(reduced),  # a copy: the offloaded trainer trains on below
             "shard_devices": {param.to_local().device.type for param in trainer.model.parameters()},
             "state_devices": {
                 value.to_local().device.type
@@ -62,8 +94,9 @@ def train_rank(rank: int, rendezvous: str, out: str, checkpoints: str) -> None:
             "losses": losses,
             "weights": {name: tensor.clone() for name, tensor in trainer.full_tensors()},
         }
+    trainer = trainers["offloaded"]
     save_trainer_state(trainer, checkpoints, "actor", rank)  # the offloaded one, after two steps
-    resumed = trainer_with(offload=True)
+    resumed = trainer_with(offload=True)  # gathered for the step, as the saved one
     load_trainer_state(resumed, checkpoints, "actor", rank)
     for each in (trainer, resumed):  # one more update: its step depends on the weights and AdamW's moments
         update_policy(each, shard, config)
@@ -81,15 +114,25 @@ def test_offloaded_fsdp2_keeps_shards_in_host_memory_and_trains_the_same(tmp_pat
     args = (str(tmp_path / "rendezvous"), str(out), str(tmp_path / "checkpoints"))
     rank_pool.run(train_rank, WORLD, *args)
     results = torch.load(out)
-    plain, offloaded = results[False], results[True]
-    assert (plain["policy"], offloaded["policy"]) == (False, True)
-    assert offloaded["shard_devices"] == {"cpu"}
-    assert offloaded["state_devices"] == {"cpu"}  # AdamW's moments (DTensor shards), stepped on the CPU
-    assert offloaded["losses"] == pytest.approx(plain["losses"], abs=1e-6)
+    plain = results["on the device"]
+    parameters = len(list(tiny_model().parameters()))
+    assert [results[mode]["policy"] for mode in MODES] == [False, True, True, True]
+    assert [results[mode]["gathers_per_step"] for mode in MODES] == [False, True, False, False]
+    # 2 updates of 2 optimiser steps (mini-batches) of 2 passes: at a step's second pass, only the per-step
+    # offload has reduced no gradient yet
+    assert plain["reduced"] == [0, parameters] * 4
+    assert results["offloaded"]["reduced"] == [0, 0] * 4
+    assert results["offloaded per layer"]["reduced"] == [0, parameters] * 4
+    assert results["offloaded, perLayer unset"]["reduced"] == [0, parameters] * 4
     initial = {name: param.detach() for name, param in tiny_model().named_parameters()}
     assert max(float((plain["weights"][n] - initial[n]).abs().max()) for n in initial) > 1e-3  # it trained
-    for name, tensor in plain["weights"].items():
-        torch.testing.assert_close(offloaded["weights"][name], tensor, rtol=0, atol=1e-6, msg=name)
+    for mode in ("offloaded", "offloaded per layer", "offloaded, perLayer unset"):
+        offloaded = results[mode]
+        assert offloaded["shard_devices"] == {"cpu"}
+        assert offloaded["state_devices"] == {"cpu"}  # AdamW's moments (DTensor shards), stepped on the CPU
+        assert offloaded["losses"] == pytest.approx(plain["losses"], abs=1e-6)
+        for name, tensor in plain["weights"].items():  # per step sums a step's gradients in another order
+            torch.testing.assert_close(offloaded["weights"][name], tensor, rtol=0, atol=1e-5, msg=f"{mode}: {name}")
     continued, resumed = results["next_weights"]  # the checkpoint carried the weights and the optimiser state
     for name, tensor in continued.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=1e-7, msg=name)

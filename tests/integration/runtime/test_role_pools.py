@@ -30,7 +30,7 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
             },
             "models.reference": {"dtype": "bfloat16", "microBatchSize": 6, "maxTokensPerMicroBatch": 100},
             "models.actor.microBatchSize": 2,
-            "models.actor.offload": {"params": True, "optimizer": True},
+            "models.actor.offload": {"params": True, "optimizer": True, "perLayer": False},
             "training.paddingFree": True,
             "models.actor.forwardMicroBatchSize": 7,
             "training.totalSteps": 2,
@@ -79,12 +79,14 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
         "dtype": "float32",
         "gradient_checkpointing": False,
         "offloaded_to_cpu": True,
+        "offload_gathers_per_step": True,  # perLayer: false, on 2 ranks too: the update keeps the gathered model
         "padding_free": True,
     }
     assert hosted["critic"][0]["trainers"]["critic"] == {
         "dtype": "float32",
         "gradient_checkpointing": True,
         "offloaded_to_cpu": False,
+        "offload_gathers_per_step": False,
         "padding_free": True,
     }
     # 8 rows a step: the actor's 2 ranks update 4 rows each in micro-batches of 2, the critic's 1 rank 8 in 3s

@@ -108,6 +108,16 @@ def test_optimizer_offload_goes_with_parameter_offload():
     assert both.spec.models.critic is not None and both.spec.models.critic.offload.params
 
 
+def test_offloading_per_layer_needs_offloaded_parameters():
+    for either in (True, False):
+        problems = problems_of({"models.actor": {"path": "/m", "offload": {"perLayer": either}}})
+        assert list(problems) == ["spec.models.actor.offload.perLayer"]
+        assert "params: true" in problems["spec.models.actor.offload.perLayer"]
+    offload = {"params": True, "optimizer": True, "perLayer": False}
+    parsed = parse_rljob(spec_with({"models.actor": {"path": "/m", "offload": offload}}))
+    assert parsed.spec.models.actor.offload.per_layer is False
+
+
 def test_a_lora_actors_own_reference_cannot_be_offloaded_apart():
     lora = {"path": "/m", "lora": {"rank": 4}}
     problems = problems_of({"models.actor": lora, "models.reference": {"offload": {"params": True}}})

@@ -485,8 +485,9 @@ def test_offload_switches_become_fsdp2_offload_and_a_half_is_reported() -> None:
     assert lost(conversion) == {"actor_rollout_ref.actor.fsdp_config.optimizer_offload": False} | VERL_TP
     spec = parse_rljob(conversion.manifest).spec
     assert spec.models.critic is not None
-    assert (spec.models.actor.offload.params, spec.models.actor.offload.optimizer) == (True, True)
-    assert (spec.models.critic.offload.params, spec.models.critic.offload.optimizer) == (True, True)
+    actor, critic = spec.models.actor.offload, spec.models.critic.offload
+    assert (actor.params, actor.optimizer, actor.per_layer) == (True, True, None)  # by the ranks: 1 gathers
+    assert (critic.params, critic.optimizer, critic.per_layer) == (True, True, True)  # offload_policy: during too
 
 
 def test_a_lora_actors_reference_offload_is_reported_not_carried() -> None:
