@@ -14,7 +14,8 @@ import os
 import socket
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,23 @@ class WorkerSetup:
     master_port: int
     total_steps: int
     threads: int = 1
+
+
+@contextmanager
+def out_of_memory_names_the_offload(role: str, trainer: FSDPTrainer) -> Iterator[None]:
+    """An update of an offloaded model that gathers it for the step (`FSDPTrainer.before_pass`) and runs out of
+    device memory says which field moves it layer by layer instead."""
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        if not trainer.gathers_per_step:
+            raise
+        hint = (
+            f"models.{role}.offload gathers the whole model in the compute dtype and keeps its float32 gradients on "
+            f"the device for each update (6 bytes a parameter with bf16); set models.{role}.offload.perLayer: true "
+            "to move it layer by layer instead (slower, one layer on the device at a time)"
+        )
+        raise torch.OutOfMemoryError(f"{error}\n{hint}") from error
 
 
 def free_port() -> int:
@@ -259,11 +277,13 @@ class ModelWorker:
 
     def update_actor(self, batch: RolloutBatch, config: UpdateConfig) -> tuple[dict[str, float], Any]:
         """The update's metrics, and with `config.on_policy` this shard's behaviour log-probs (n, R)."""
-        metrics = update_policy(self.trainers["actor"], batch, config)
+        with out_of_memory_names_the_offload("actor", self.trainers["actor"]):
+            metrics = update_policy(self.trainers["actor"], batch, config)
         return metrics, batch.old_logprobs if config.on_policy else None
 
     def update_critic(self, batch: RolloutBatch, config: UpdateConfig) -> dict[str, float]:
-        return update_critic(self.trainers["critic"], batch, config)
+        with out_of_memory_names_the_offload("critic", self.trainers["critic"]):
+            return update_critic(self.trainers["critic"], batch, config)
 
     def sleep_engine(self) -> dict[str, float]:
         """The colocated engine gives its device memory to the trainer until the next sync (a no-op off the GPU).
