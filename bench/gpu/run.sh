@@ -3,7 +3,8 @@
 #   bash bench/gpu/run.sh                 # Qwen2.5-0.5B and -1.5B shapes, random weights; ~3 min on one H200 (no vLLM there)
 #   bash bench/gpu/run.sh --dry-run       # the plan without a GPU (CI runs this)
 #   bash bench/gpu/run.sh --smoke         # every row this machine can run, on a tiny model, on the CPU
-#   bash bench/gpu/run.sh --tests         # first `pytest -m gpu` (tests/integration/runtime/test_gpu.py), then the suite
+#   bash bench/gpu/run.sh --tests         # first `pytest -m gpu` (tests/integration/runtime/test_gpu.py), then the suite;
+#                                         # the last line repeats the tests' summary (a caller may keep only the tail)
 #
 # Time limits (seconds; each interrupts its part, and the suite still prints the rows it measured):
 # KUBERL_GPU_TESTS_SECONDS (default 300) and KUBERL_GPU_SUITE_SECONDS (default 600). A lent machine's call has
@@ -50,12 +51,21 @@ export PYTHONPATH="$pythonpath${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 
 status=0
+tests_said="not run (no --tests)"
 if (( tests )); then
   # correctness before speed; from the repository (tests/ is a package there), with the repository last on the path
   # (-P, --import-mode=append): its kuberl/ folder holds only the package's top files, and would hide the
   # kuberl.api, .operator and .runtime that $scratch/src maps (a machine with kuberl installed finds them anyway)
+  tests_status=0
   (cd "$repo" && timeout --signal=INT --kill-after=20 "${KUBERL_GPU_TESTS_SECONDS:-300}" \
-    "$python" -P -m pytest -p no:cacheprovider --import-mode=append -m gpu tests/integration/runtime/test_gpu.py) || status=$?
+    "$python" -P -m pytest -p no:cacheprovider --import-mode=append -m gpu -rfE tests/integration/runtime/test_gpu.py) \
+    2>&1 | tee "$scratch/tests.log" || tests_status=$?
+  # pytest's summary ("N passed, M failed in S s") and its FAILED/ERROR lines, repeated under the table
+  tests_said="$(grep -E '^(FAILED|ERROR) |[0-9]+ (passed|failed|skipped|errors?|deselected).* in [0-9.]+s|no tests ran' "$scratch/tests.log" || true)"
+  tests_said="${tests_said:-no summary (rc $tests_status): see the output above}"
+  (( tests_status == 0 )) || status=$tests_status
 fi
 timeout --signal=INT --kill-after=20 "${KUBERL_GPU_SUITE_SECONDS:-600}" "$python" "$here/suite.py" "${args[@]}" || status=$?
+# the last lines of the run: what a caller that keeps only the tail of the output needs
+echo "GPU tests (pytest -m gpu): $tests_said"
 exit "$status"
