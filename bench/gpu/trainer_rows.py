@@ -5,7 +5,10 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
 `repeats` after a warm-up (workloads.alternate):
 
 - update: `update_policy` (on-policy GRPO loss, token mean, bf16 compute) against plain PyTorch (plain.py:
-  fp32 weights under bf16 autocast, fused AdamW, the same loss). Aim <= 1.0x; MFU of both in the note.
+  fp32 weights under bf16 autocast, fused AdamW, the same loss). Aim <= 1.0x; MFU of both in the note. Beside it
+  the same update with transformers' own mask instead of the trainer's 4D one (models/attention_masks.py): on
+  this batch, which has no padding, transformers reads the mask on the host per pass and then runs SDPA's
+  causal kernel, which the trainer's mask rules out. Aim <= 1.0x (the trainer's mask is not slower).
 - LoRA update: kuberl's LoRA (r16, all-linear) against plain PEFT over a bf16 frozen base. Aim <= 1.1x; and
   its peak memory against kuberl's full update, aim <= 0.5x. kuberl's base is in bf16 too, as a LoRA actor's is
   beside a bf16 engine (fsdp.keeps_frozen_in_compute_dtype); the reference row's model likewise.
@@ -29,7 +32,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,17 +145,42 @@ def mfu(flops: float, seconds: float, peak: float | None) -> str:
 def update_rows(case: Case) -> list[Row]:
     from transformers import AutoModelForCausalLM
 
+    from kuberl.runtime.engines.updates import update_policy
+
     trainer, batch, work = case.trainer(), case.batch(), case.work
     plain = PlainUpdate(
         AutoModelForCausalLM.from_pretrained(case.model_dir, dtype=torch.float32), case.device, work.micro
     )
-    kuberl, baseline = case.alternate(updating(trainer, batch, update_config(work)), lambda: plain(batch))
+    config = update_config(work)
+    own_mask = trainer.builds_own_mask
+
+    def masked_by(own: bool) -> Callable[[], None]:
+        """The update with the trainer's own 4D mask (no host read, but no `is_causal` kernel), or with
+        transformers' (a read of the mask on the host per pass, then SDPA's causal kernel on a batch without
+        padding, as this one is)."""
+
+        def work() -> None:
+            trainer.builds_own_mask = own
+            try:
+                update_policy(trainer, batch, config)
+            finally:
+                trainer.builds_own_mask = own_mask
+
+        return work
+
+    kuberl, theirs, baseline = case.alternate(masked_by(own_mask), masked_by(False), lambda: plain(batch))
     case.env.full_update[case.size] = kuberl
     shape_note = f"{work.sequences} x {work.prompt + work.response} tokens, micro-batch {work.micro}"
     memory = f"peak {gib(kuberl.peak_bytes)}, plain {gib(baseline.peak_bytes)}"
     rows = [
-        judge(Row("update", case.size, kuberl.seconds, "s", baseline.seconds, "plain s", "<= 1.0x", note=shape_note))
-    ]
+        judge(Row("update", case.size, kuberl.seconds, "s", baseline.seconds, "plain s", "<= 1.0x", note=shape_note)),
+        judge(
+            Row(
+                "update, own mask", case.size, kuberl.seconds, "s", theirs.seconds, "transformers' mask s", "<= 1.0x",
+                note=f"no padding in this batch; builds its own mask: {own_mask}",
+            )
+        ),
+    ]  # fmt: skip
     flops, peak = case.env.update_flops(case.size, work), case.env.peak
     if peak is None:
         rows.append(skipped("update MFU", case.size, f"no bf16 peak known for this device; {memory}", ">= 30%"))
