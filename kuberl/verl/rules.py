@@ -349,9 +349,8 @@ def offload_rule(config: Config) -> Derived:
     verl's param_offload moves the weights out between stages and back for compute, and so does kuberl's offload
     on one rank: an update gathers the model once and keeps its gradients on the device until the step (on more
     ranks it moves layer by layer). verl's offload_policy (offload during compute too) is offload.perLayer:
-    true, layer by layer at every pass. A LoRA
-    actor's reference is its own base weights: the reference's switch is reported, the actor's offload covers
-    those weights.
+    true, layer by layer at every pass. A LoRA actor's reference is its own base weights: the reference's switch
+    is reported, the actor's offload covers those weights.
     """
     out = Derived()
     for field, prefixes in OFFLOAD_ROLES.items():
