@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_logits
+from kuberl.runtime.engines.grad_norm import gradient_norm
 from kuberl.runtime.engines.inputs import ForwardInput
 from kuberl.runtime.engines.micro_batches import MicroBatching, micro_batches
 from kuberl.runtime.models.attention_masks import builds_own_mask, packed_mask, padded_mask
@@ -282,6 +283,7 @@ class FSDPTrainer:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers PreTrainedModel
         self.device = indexed(device)
+        self.world_size = world_size
         #: frozen linear layers held in the compute dtype (a reference model, a LoRA actor's base): see the function
         low_precision = frozen_in_compute_dtype and compute_dtype != torch.float32
         self.frozen_in_compute_dtype = low_precision and store_frozen_linears(model, compute_dtype) > 0
@@ -496,12 +498,10 @@ class FSDPTrainer:
             self.model.set_reshard_after_forward(True)
         clip = self.optim_spec.grad_clip
         parameters = list(self.model.parameters())
-        norm = torch.nn.utils.get_total_norm([param.grad for param in parameters if param.grad is not None])
-        # clip_grad_norm_ in two halves: an offloaded model's gradients are in host memory, and the norm's reduction
-        # over ranks must run on the device its collectives use (verl's fsdp2_clip_grad_norm_ does the same)
-        norm = norm.to(self.device)
+        # clip_grad_norm_ in two halves, as verl's fsdp2_clip_grad_norm_: the norm of host gradients is ours
+        grads = [param.grad for param in parameters if param.grad is not None]
+        norm = gradient_norm(grads, self.device, self.world_size)
         torch.nn.utils.clip_grads_with_norm_(parameters, clip if clip is not None else float("inf"), norm)
-        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
         finite = torch.isfinite(norm)  # ()
         if loss is not None:
             finite = finite & torch.isfinite(torch.as_tensor(loss, device=norm.device))  # ()
