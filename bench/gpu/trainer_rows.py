@@ -6,9 +6,9 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
 
 - update: `update_policy` (on-policy GRPO loss, token mean, bf16 compute) against plain PyTorch (plain.py:
   fp32 weights under bf16 autocast, fused AdamW, the same loss). Aim <= 1.0x; MFU of both in the note. Beside it
-  the same update with transformers' own mask instead of the trainer's 4D one (models/attention_masks.py): on
-  this batch, which has no padding, transformers reads the mask on the host per pass and then runs SDPA's
-  causal kernel, which the trainer's mask rules out. Aim <= 1.0x (the trainer's mask is not slower).
+  the same update with transformers' own masks instead of the trainer's (models/attention_masks.py): on this
+  batch, which has no padding, transformers reads the mask on the host per pass and then runs SDPA's causal
+  kernel; the trainer hands the model no mask, so SDPA runs the same kernel without the read. Aim <= 1.0x.
 - LoRA update: kuberl's LoRA (r16, all-linear) against plain PEFT over a bf16 frozen base. Aim <= 1.1x; and
   its peak memory against kuberl's full update, aim <= 0.5x. kuberl's base is in bf16 too, as a LoRA actor's is
   beside a bf16 engine (fsdp.keeps_frozen_in_compute_dtype); the reference row's model likewise.
@@ -155,9 +155,8 @@ def update_rows(case: Case) -> list[Row]:
     own_mask = trainer.builds_own_mask
 
     def masked_by(own: bool) -> Callable[[], None]:
-        """The update with the trainer's own 4D mask (no host read, but no `is_causal` kernel), or with
-        transformers' (a read of the mask on the host per pass, then SDPA's causal kernel on a batch without
-        padding, as this one is)."""
+        """The update with the trainer's own masks (none on this batch without padding: SDPA's causal kernel, no
+        host read), or with transformers' (a read of the mask on the host per pass, then the same kernel)."""
 
         def work() -> None:
             trainer.builds_own_mask = own

@@ -38,7 +38,13 @@ from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_
 from kuberl.runtime.engines.grad_norm import gradient_norm
 from kuberl.runtime.engines.inputs import ForwardInput
 from kuberl.runtime.engines.micro_batches import MicroBatching, micro_batches
-from kuberl.runtime.models.attention_masks import builds_own_mask, packed_mask, padded_mask
+from kuberl.runtime.models.attention_masks import (
+    attends_without_a_mask,
+    builds_own_mask,
+    own_sdpa,
+    packed_mask,
+    padded_mask,
+)
 from kuberl.runtime.models.lora import adapters_off
 
 
@@ -293,6 +299,8 @@ class FSDPTrainer:
         self.padding_free = padding_free  # training.paddingFree: packed forwards (engines/packing.py)
         #: the 4D attention mask built here, so transformers reads nothing on the host per pass (models/attention_masks)
         self.builds_own_mask = hasattr(model, "config") and builds_own_mask(model.config)
+        #: and none for a pass without padding: SDPA's causal kernel, under `own_sdpa`
+        self.causal_when_unpadded = attends_without_a_mask(model)
         # mixed precision FSDP2 does not do: forward passes under autocast (its backward follows the forward's dtypes)
         sharded = any(isinstance(module, FSDPModule) for module in self.model.modules())
         self.autocast_dtype = autocast_dtype(device.type, compute_dtype, sharded)
@@ -330,13 +338,18 @@ class FSDPTrainer:
             packed = inputs.packed
             if packed is None:
                 mask = inputs.attention_mask  # (m, P+R)
-                attention = padded_mask(mask) if self.builds_own_mask else mask  # (m, 1, L, L) or (m, L)
-                out = self.model(
-                    input_ids=inputs.input_ids,
-                    attention_mask=attention,
-                    position_ids=position_ids(mask),
-                    use_cache=False,
-                )
+                causal = inputs.unpadded and self.causal_when_unpadded and self.builds_own_mask
+                if causal:
+                    attention: Tensor | None = None  # every key before a query is real: SDPA's causal kernel
+                else:
+                    attention = padded_mask(mask) if self.builds_own_mask else mask  # (m, 1, L, L) or (m, L)
+                with own_sdpa(self.model) if causal else contextlib.nullcontext():
+                    out = self.model(
+                        input_ids=inputs.input_ids,
+                        attention_mask=attention,
+                        position_ids=position_ids(mask),
+                        use_cache=False,
+                    )
                 outputs = out.logits[:, inputs.prompt_width - 1 : -1]  # (m, R, V) position t predicts token t
                 return outputs.reshape(-1, outputs.shape[-1]), None  # (m * R, V)
             # position ids that restart: each sequence attends within itself (without a mask, transformers reads that

@@ -40,6 +40,8 @@ class ForwardInput:
     response_ids: Tensor  # (n, R)
     prompt_width: int  # P
     packed: PackedInput | None = None  # set by `to(..., pack=True)`
+    #: no row has padding, as read on the host by `to` (an attention without a mask: models/attention_masks.py)
+    unpadded: bool = False
 
     @property
     def device(self) -> torch.device:
@@ -56,7 +58,13 @@ class ForwardInput:
         )
 
     def to(self, device: torch.device, *, pack: bool) -> "ForwardInput":
-        """These rows on `device`; with `pack`, also packed into one row (computed here, on the host)."""
+        """These rows on `device`; with `pack`, also packed into one row (computed here, on the host).
+
+        >>> rows = ForwardInput(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3), torch.ones(2, 1), 2)
+        >>> left_padded = replace(rows, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+        >>> rows.to(torch.device("cpu"), pack=False).unpadded, left_padded.to(torch.device("cpu"), pack=False).unpadded
+        (True, False)
+        """
         packed = None
         if pack:
             rows = pack_rows(self.input_ids, self.attention_mask)
@@ -73,6 +81,8 @@ class ForwardInput:
             response_ids=to_device(self.response_ids, device),
             prompt_width=self.prompt_width,
             packed=packed,
+            # read where the mask is on the host; one already on a GPU is not read (that would wait for the GPU)
+            unpadded=self.attention_mask.device.type == "cpu" and bool(self.attention_mask.all()),
         )
 
 

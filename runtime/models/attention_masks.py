@@ -9,19 +9,57 @@ meta device (the CPU tests' stand-in for a GPU) the same read raises.
 
 So a trainer whose model attends through SDPA with full causal attention in every layer builds that mask itself,
 the one transformers would build: a key is seen by a query when it is not after it and is a real token of the
-same row (padded) or of the same sequence (packed). transformers uses a 4D mask as it is. Other models (a sliding
-window, layers of another kind, eager or flash attention, FlexAttention) keep transformers' own masks.
+same row (padded) or of the same sequence (packed). Other models (a sliding window, layers of another kind, eager
+or flash attention, FlexAttention) keep transformers' own masks.
 
-The one difference: a pass without any padding, where transformers would skip the mask for SDPA's `is_causal`
-(flash) path, gets the full mask too. Rollout batches are left- and right-padded, so such passes are rare.
+A pass without any padding needs no mask at all: SDPA's `is_causal` kernel (flash, on a GPU) computes only the
+lower triangle, where a mask of the same meaning makes SDPA pick a kernel that computes every score. The trainer
+knows such a pass on the host (`ForwardInput.unpadded`), but transformers, handed no mask, would ask again on the
+host: it reads the position ids for packed sequences (`find_packed_sequence_indices`). So for such a pass the
+trainer's model attends under OWN_SDPA (`own_sdpa`), transformers' own SDPA function under a name of its own with
+no mask function: for such a name transformers builds no mask and reads nothing.
 """
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from kuberl.runtime.models.packed_attention import document_ids
+
+#: transformers' SDPA attention, registered under this name with no mask function (see the module's docstring)
+OWN_SDPA = "kuberl_sdpa"
+
+
+def attends_without_a_mask(model: Any) -> bool:
+    """Whether a forward of `model` can attend under OWN_SDPA (`own_sdpa`): it builds its masks with transformers'
+    functions (its attention is looked up by name at every call), and the trainer builds its masks
+    (`builds_own_mask`). Registers OWN_SDPA with transformers."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model's transformers model
+    if not (hasattr(base, "config") and builds_own_mask(base.config) and base._can_set_attn_implementation()):
+        return False
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(OWN_SDPA, sdpa_attention_forward)
+    return True
+
+
+@contextlib.contextmanager
+def own_sdpa(model: Any) -> Iterator[None]:
+    """`model` attends under OWN_SDPA for a forward handed no mask, for rows without padding: transformers builds
+    no mask and reads nothing, and SDPA runs its causal kernel. Only inside the block: anyone else calling the
+    model with a 2D mask must get transformers' masks, not none. (A recomputation of a layer under gradient
+    checkpointing, after the block, runs the same SDPA function without a mask: the same attention.)"""
+    config = model.config
+    attention = config._attn_implementation
+    config._attn_implementation = OWN_SDPA  # sub-configs too (transformers' setter)
+    try:
+        yield
+    finally:
+        config._attn_implementation = attention
 
 
 def builds_own_mask(config: Any) -> bool:

@@ -206,7 +206,7 @@ def test_an_update_waits_for_the_gpu_as_often_with_four_times_the_passes(device:
     blocking copy). An update of 4 passes per mini-batch must wait exactly as often as one of 1: what it reads, it
     reads once per step. The packed case runs FlexAttention, its block mask built on the device per forward.
     On an H200 (2026-11-28) the packed case passed and the padded one waited 18 times against 7: transformers
-    checked the padding mask on the host per forward. The trainer now hands the model its 4D mask
+    checked the padding mask on the host per forward. The trainer now hands the model its masks itself
     (models/attention_masks.py); on the CPU, test_device_discipline.py proves that on the meta device."""
     import warnings
 

@@ -288,13 +288,53 @@ def test_a_transformers_model_updates_on_another_device_without_reading_its_mask
     assert critic.optimizer_steps == 4 and len(critic.host_reads) == 1
 
 
-def test_a_model_given_only_a_padding_mask_reads_it_on_the_host() -> None:
-    """The other side of the test above: without the trainer's mask, transformers' own mask reads a value, which
-    the meta device refuses. (Were this to pass one day, transformers would need the trainer's mask no more.)"""
+@pytest.fixture
+def attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What each SDPA call of a forward attended by: "causal" (no mask, `is_causal`), "4D mask" or "none"."""
+    calls: list[str] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args: Any, attn_mask: Any = None, is_causal: bool = False, **kwargs: Any) -> torch.Tensor:
+        calls.append("4D mask" if attn_mask is not None and attn_mask.dim() == 4 else "causal" if is_causal else "none")
+        return sdpa(*args, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    return calls
+
+
+def without_padding(batch: RolloutBatch) -> RolloutBatch:
+    batch.prompt_mask = torch.ones_like(batch.prompt_mask)
+    batch.response_mask = torch.ones_like(batch.response_mask)
+    return batch
+
+
+@pytest.mark.parametrize("critic", [False, True], ids=["policy", "critic"])
+def test_a_pass_without_padding_attends_by_the_causal_kernel_without_reading_the_host(
+    critic: bool, attention_calls: list[str]
+) -> None:
+    """No padding, no mask: SDPA's `is_causal` kernel (flash, on a GPU) instead of a kernel that reads a 4D mask.
+    The model attends under the trainer's own SDPA name, so transformers does not look at the position ids on
+    the host either (find_packed_sequence_indices): the update runs on meta."""
+    trainer = MetaDeviceTrainer(qwen2(critic=critic))
+    batch = without_padding(host_batch(with_critic_targets=critic))
+    (update_critic if critic else update_policy)(trainer, batch, config())
+    assert trainer.optimizer_steps == 4 and len(trainer.host_reads) == 1
+    assert attention_calls and set(attention_calls) == {"causal"}, attention_calls
+    attention_calls.clear()  # and a batch with padding gets the 4D mask at every layer of every pass
+    (update_critic if critic else update_policy)(trainer, host_batch(with_critic_targets=critic), config())
+    assert attention_calls and set(attention_calls) == {"4D mask"}, attention_calls
+
+
+@pytest.mark.parametrize("given", ["a padding mask", "no mask"])
+def test_a_model_under_transformers_sdpa_reads_the_host_to_build_its_mask(given: str) -> None:
+    """The other side of the tests above: under plain SDPA, transformers reads a value to decide on its mask, the
+    padding mask's (`.all()`) or, given none and no cache (as a trainer's forward), the position ids' (are they
+    packed?), which the meta device refuses. (Were this to pass one day, transformers would need the trainer's
+    masks no more.)"""
     model = qwen2().to(META)
     ids, mask = torch.ones(2, 4, dtype=torch.long, device=META), torch.ones(2, 4, dtype=torch.long, device=META)
     with pytest.raises(RuntimeError, match="meta"):
-        model(input_ids=ids, attention_mask=mask)
+        model(input_ids=ids, attention_mask=mask if given == "a padding mask" else None, use_cache=False)
 
 
 # -- the colocated step sleeps the engine, and wakes it weights first --------------------------------
