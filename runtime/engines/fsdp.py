@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_logits
-from kuberl.runtime.engines.grad_norm import gradient_norm
+from kuberl.runtime.engines.grad_norm import gradient_norm, needs_clipping
 from kuberl.runtime.engines.inputs import ForwardInput
 from kuberl.runtime.engines.micro_batches import MicroBatching, micro_batches
 from kuberl.runtime.models.attention_masks import (
@@ -513,8 +513,10 @@ class FSDPTrainer:
         parameters = list(self.model.parameters())
         # clip_grad_norm_ in two halves, as verl's fsdp2_clip_grad_norm_: the norm of host gradients is ours
         grads = [param.grad for param in parameters if param.grad is not None]
-        norm = gradient_norm(grads, self.device, self.world_size)
-        torch.nn.utils.clip_grads_with_norm_(parameters, clip if clip is not None else float("inf"), norm)
+        norm = gradient_norm(grads, self.device, self.world_size)  # in host memory for host gradients
+        if clip is not None and needs_clipping(norm, clip):
+            torch.nn.utils.clip_grads_with_norm_(parameters, clip, norm)
+        norm = norm.to(self.device)
         finite = torch.isfinite(norm)  # ()
         if loss is not None:
             finite = finite & torch.isfinite(torch.as_tensor(loss, device=norm.device))  # ()
