@@ -7,7 +7,8 @@ An offloaded model's optimiser step (models.<role>.offload) clips by the norm of
 CPU trainer's does too. One H200 machine's host took 0.26 s of a 1.6 s offloaded 0.5B update on torch's norm
 (bench/gpu/results/2026-11-28-offload-probe.txt). Random gradients (N(0, 1e-3)) of every parameter's shape,
 in float32. Both norms run alternately, `--repeats` rounds; prints the best seconds of each, their ratio, and how
-far each lands from the float64 norm of the same values.
+far each lands from the float64 norm of the same values; and the best seconds of a scale by 1 of every gradient,
+the pass the step made below the clip until it skipped it.
 """
 
 import argparse
@@ -64,11 +65,21 @@ def main() -> None:
         "torch": lambda: torch.nn.utils.get_total_norm(grads),
         "kuberl": lambda: gradient_norm(grads, torch.device("cpu"), world_size=1),
     }
-    times: dict[str, list[float]] = {name: [] for name in works}
+    one = torch.tensor(1.0)
+
+    def scale_by_one() -> torch.Tensor:
+        """What the step did below the clip, before it skipped it: every gradient times a coefficient of 1, one
+        `mul_` per FSDP2 DTensor gradient (clip_grads_with_norm_ has no foreach path for DTensors)."""
+        for grad in grads:
+            grad.mul_(one)
+        return one
+
+    times: dict[str, list[float]] = {name: [] for name in [*works, "scale by 1"]}
     results: dict[str, float] = {}
     for _ in range(args.repeats):
         for name, work in works.items():
             results[name] = float(timed(work, times[name]))
+        timed(scale_by_one, times["scale by 1"])
     print(
         f"Qwen2.5-{args.size}{' (quarter width)' if args.quick else ''}: {len(grads)} gradients, {values:,} "
         f"float32 values ({values * 4 / 2**30:.2f} GiB), the largest {largest:,}; {args.threads} threads; "
@@ -81,6 +92,9 @@ def main() -> None:
         seconds = min(times[name])
         error = abs(results[name] - exact) / exact
         print(f"| {name} | {seconds:.4f} | {seconds / min(times['torch']):.2f}x | {results[name]:.9f} | {error:.1e} |")
+    print(
+        f"scaling every gradient by 1, as the step did below the clip (now skipped): {min(times['scale by 1']):.4f} s"
+    )
 
 
 if __name__ == "__main__":
