@@ -8,7 +8,7 @@ import torch
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.engines.fsdp import FSDPTrainer
-from kuberl.runtime.engines.grad_norm import gradient_norm
+from kuberl.runtime.engines.grad_norm import gradient_norm, needs_clipping
 
 #: elements in the large gradient: torch's own CPU norm of it is 0.1-0.2% low (pytorch#169237), the norm here
 #: must be within 1e-6
@@ -79,3 +79,11 @@ def test_a_step_below_the_clip_leaves_host_gradients_untouched(monkeypatch: pyte
         step = trainer.optimizer_step()
         assert scaled == expected, clip
         assert float(step["grad_norm"]) == 4.0
+
+
+def test_a_norm_on_another_device_is_clipped_by_without_being_read() -> None:
+    """A GPU's norm: deciding whether to clip would make the host wait for the device, so it always clips (the
+    scale is 1 below the clip). On the meta device, the CPU tests' stand-in for a GPU, any read raises."""
+    assert needs_clipping(torch.tensor(0.5, device="meta"), 1.0)
+    with pytest.raises(RuntimeError):
+        float(torch.tensor(0.5, device="meta"))  # what reading it would do
