@@ -152,18 +152,18 @@ def update_rows(case: Case) -> list[Row]:
         AutoModelForCausalLM.from_pretrained(case.model_dir, dtype=torch.float32), case.device, work.micro
     )
     config = update_config(work)
-    own_mask = trainer.builds_own_mask
+    own_mask, causal = trainer.builds_own_mask, trainer.causal_when_unpadded
 
     def masked_by(own: bool) -> Callable[[], None]:
         """The update with the trainer's own masks (none on this batch without padding: SDPA's causal kernel, no
         host read), or with transformers' (a read of the mask on the host per pass, then the same kernel)."""
 
         def work() -> None:
-            trainer.builds_own_mask = own
+            trainer.builds_own_mask, trainer.causal_when_unpadded = own, own and causal
             try:
                 update_policy(trainer, batch, config)
             finally:
-                trainer.builds_own_mask = own_mask
+                trainer.builds_own_mask, trainer.causal_when_unpadded = own_mask, causal
 
         return work
 

@@ -338,7 +338,7 @@ class FSDPTrainer:
             packed = inputs.packed
             if packed is None:
                 mask = inputs.attention_mask  # (m, P+R)
-                causal = inputs.unpadded and self.causal_when_unpadded and self.builds_own_mask
+                causal = inputs.unpadded and self.causal_when_unpadded
                 if causal:
                     attention: Tensor | None = None  # every key before a query is real: SDPA's causal kernel
                 else:

@@ -37,6 +37,7 @@ from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_p
 from kuberl.runtime.models.loading import VALUE_MODEL
 from kuberl.runtime.workers.model_worker import ModelWorker
 from tests.unit.runtime.loop.recording import train_one_step
+from tests.unit.runtime.models.test_attention_masks import without_padding
 
 META = torch.device("meta")
 VOCAB, HIDDEN = 32, 8
@@ -300,12 +301,6 @@ def attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     return calls
-
-
-def without_padding(batch: RolloutBatch) -> RolloutBatch:
-    batch.prompt_mask = torch.ones_like(batch.prompt_mask)
-    batch.response_mask = torch.ones_like(batch.response_mask)
-    return batch
 
 
 @pytest.mark.parametrize("critic", [False, True], ids=["policy", "critic"])
