@@ -32,7 +32,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,20 +154,18 @@ def update_rows(case: Case) -> list[Row]:
     config = update_config(work)
     own_mask, causal = trainer.builds_own_mask, trainer.causal_when_unpadded
 
-    def masked_by(own: bool) -> Callable[[], None]:
-        """The update with the trainer's own masks (none on this batch without padding: SDPA's causal kernel, no
-        host read), or with transformers' (a read of the mask on the host per pass, then the same kernel)."""
+    def with_transformers_masks() -> None:
+        """The update with transformers' masks: a read of the mask on the host per pass, then SDPA's causal kernel
+        on this batch without padding. The trainer's own (`updating`): no mask here, the same kernel, no read."""
+        trainer.builds_own_mask, trainer.causal_when_unpadded = False, False
+        try:
+            update_policy(trainer, batch, config)
+        finally:
+            trainer.builds_own_mask, trainer.causal_when_unpadded = own_mask, causal
 
-        def work() -> None:
-            trainer.builds_own_mask, trainer.causal_when_unpadded = own, own and causal
-            try:
-                update_policy(trainer, batch, config)
-            finally:
-                trainer.builds_own_mask, trainer.causal_when_unpadded = own_mask, causal
-
-        return work
-
-    kuberl, theirs, baseline = case.alternate(masked_by(own_mask), masked_by(False), lambda: plain(batch))
+    kuberl, theirs, baseline = case.alternate(
+        updating(trainer, batch, config), with_transformers_masks, lambda: plain(batch)
+    )
     case.env.full_update[case.size] = kuberl
     shape_note = f"{work.sequences} x {work.prompt + work.response} tokens, micro-batch {work.micro}"
     memory = f"peak {gib(kuberl.peak_bytes)}, plain {gib(baseline.peak_bytes)}"
