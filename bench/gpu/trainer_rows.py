@@ -8,7 +8,8 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
   fp32 weights under bf16 autocast, fused AdamW, the same loss). Aim <= 1.0x; MFU of both in the note. Beside it
   the same update with transformers' own masks instead of the trainer's (models/attention_masks.py): on this
   batch, which has no padding, transformers reads the mask on the host per pass and then runs SDPA's causal
-  kernel; the trainer hands the model no mask, so SDPA runs the same kernel without the read. Aim <= 1.0x.
+  kernel; the trainer hands the model no mask, so SDPA runs the same kernel without the read. Aim <= 1.0x. And
+  the same update with the LM head run over every position, the prompt's too (as before `logits_to_keep`).
 - LoRA update: kuberl's LoRA (r16, all-linear) against plain PEFT over a bf16 frozen base. Aim <= 1.1x; and
   its peak memory against kuberl's full update, aim <= 0.5x. kuberl's base is in bf16 too, as a LoRA actor's is
   beside a bf16 engine (fsdp.keeps_frozen_in_compute_dtype); the reference row's model likewise.
@@ -32,7 +33,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,23 +153,33 @@ def update_rows(case: Case) -> list[Row]:
         AutoModelForCausalLM.from_pretrained(case.model_dir, dtype=torch.float32), case.device, work.micro
     )
     config = update_config(work)
-    own_mask, causal = trainer.builds_own_mask, trainer.causal_when_unpadded
+    own_mask, keeps_logits = trainer.builds_own_mask, trainer.keeps_logits
 
-    def with_transformers_masks() -> None:
-        """The update with transformers' masks: a read of the mask on the host per pass, then SDPA's causal kernel
-        on this batch without padding. The trainer's own (`updating`): no mask here, the same kernel, no read."""
-        trainer.builds_own_mask, trainer.causal_when_unpadded = False, False
-        try:
-            update_policy(trainer, batch, config)
-        finally:
-            trainer.builds_own_mask, trainer.causal_when_unpadded = own_mask, causal
+    def without(*flags: str) -> Callable[[], None]:
+        """A work: the update with the trainer's `flags` off for it."""
 
-    kuberl, theirs, baseline = case.alternate(
-        updating(trainer, batch, config), with_transformers_masks, lambda: plain(batch)
+        def work() -> None:
+            kept = {flag: getattr(trainer, flag) for flag in flags}
+            for flag in flags:
+                setattr(trainer, flag, False)
+            try:
+                update_policy(trainer, batch, config)
+            finally:
+                for flag, value in kept.items():
+                    setattr(trainer, flag, value)
+
+        return work
+
+    # transformers' masks: a read of the mask on the host per pass, then SDPA's causal kernel on this batch without
+    # padding; the trainer's own (`updating`): no mask here, the same kernel, no read
+    with_transformers_masks = without("builds_own_mask", "causal_when_unpadded")
+    head_everywhere = without("keeps_logits")  # the LM head over the prompt's positions too
+    kuberl, theirs, everywhere, baseline = case.alternate(
+        updating(trainer, batch, config), with_transformers_masks, head_everywhere, lambda: plain(batch)
     )
     case.env.full_update[case.size] = kuberl
     shape_note = f"{work.sequences} x {work.prompt + work.response} tokens, micro-batch {work.micro}"
-    memory = f"peak {gib(kuberl.peak_bytes)}, plain {gib(baseline.peak_bytes)}"
+    memory = gib(kuberl.peak_bytes)
     rows = [
         judge(Row("update", case.size, kuberl.seconds, "s", baseline.seconds, "plain s", "<= 1.0x", note=shape_note)),
         judge(
@@ -177,13 +188,17 @@ def update_rows(case: Case) -> list[Row]:
                 note=f"no padding in this batch; builds its own mask: {own_mask}",
             )
         ),
+        Row(
+            "update, head at responses", case.size, kuberl.seconds, "s", everywhere.seconds, "head everywhere s",
+            note=f"logits_to_keep: {keeps_logits}; peak {memory}, everywhere {gib(everywhere.peak_bytes)}",
+        ),
     ]  # fmt: skip
     flops, peak = case.env.update_flops(case.size, work), case.env.peak
     if peak is None:
-        rows.append(skipped("update MFU", case.size, f"no bf16 peak known for this device; {memory}", ">= 30%"))
+        rows.append(skipped("update MFU", case.size, f"no bf16 peak known for this device; peak {memory}", ">= 30%"))
     else:
         value, plain_mfu = 100.0 * flops / kuberl.seconds / peak, 100.0 * flops / baseline.seconds / peak
-        note = f"plain PyTorch {plain_mfu:.1f}%; {memory}"
+        note = f"plain PyTorch {plain_mfu:.1f}%; peak {memory}, plain {gib(baseline.peak_bytes)}"
         rows.append(judge(Row("update MFU", case.size, value, "%", aim=">= 30%", note=note)))
     return rows
 

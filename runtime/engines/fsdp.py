@@ -20,6 +20,7 @@ the wrapped model's), only the adapters require gradients, and only they get opt
 """
 
 import contextlib
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -265,6 +266,18 @@ def process_group_backend(device_type: str) -> str:
     return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
 
 
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether `model`'s forward takes transformers' `logits_to_keep`: the LM head then runs only at the positions
+    asked for, an int (the last n) or a tensor of indices. A LoRA model's (PEFT) forward hands it to its base's.
+
+    The head is a large matmul (vocabulary x hidden) and its output the largest activation of an update: run over
+    the prompt, where no token is scored, it is work and memory thrown away (TRL asks for the completion's only).
+    """
+    get_base_model = getattr(model, "get_base_model", None)  # a peft.PeftModel's base
+    base = get_base_model() if callable(get_base_model) else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 class FSDPTrainer:
     """A causal LM (actor/reference) or a token-value model (critic) on one rank.
 
@@ -314,6 +327,8 @@ class FSDPTrainer:
         if optim is not None:
             self.optimizer, self.scheduler = build_optimizer(self.model, optim, total_steps, self.device.type)
         self.is_critic = not hasattr(model, "lm_head")
+        #: the LM head runs only where a response token is predicted, not over the prompt (`logits_to_keep`)
+        self.keeps_logits = not self.is_critic and takes_logits_to_keep(model)
 
     # -- forward passes -------------------------------------------------------------------------
     def _autocast(self, full_precision: bool = False) -> contextlib.AbstractContextManager[Any]:
@@ -343,22 +358,32 @@ class FSDPTrainer:
                     attention: Tensor | None = None  # every key before a query is real: SDPA's causal kernel
                 else:
                     attention = padded_mask(mask) if self.builds_own_mask else mask  # (m, 1, L, L) or (m, L)
+                # the last R + 1 positions: P - 1 predicts the first response token, the last one predicts nothing
+                width = inputs.response_ids.shape[1] + 1
+                keep: dict[str, int | Tensor] = {"logits_to_keep": width} if self.keeps_logits else {}
                 with own_sdpa(self.model) if causal else contextlib.nullcontext():
                     out = self.model(
                         input_ids=inputs.input_ids,
                         attention_mask=attention,
                         position_ids=position_ids(mask),
                         use_cache=False,
+                        **keep,
                     )
-                outputs = out.logits[:, inputs.prompt_width - 1 : -1]  # (m, R, V) position t predicts token t
+                outputs = out.logits[:, -width:-1]  # (m, R, V) position t predicts token t
                 return outputs.reshape(-1, outputs.shape[-1]), None  # (m * R, V)
             # position ids that restart: each sequence attends within itself (without a mask, transformers reads that
             # from the position ids, as flash-attention and FlexAttention do)
             own = packed_mask(packed.position_ids) if self.builds_own_mask else None  # (1, 1, T, T)
+            keep = {"logits_to_keep": packed.sources} if self.keeps_logits else {}  # the K predicting positions
             out = self.model(
-                input_ids=packed.input_ids, attention_mask=own, position_ids=packed.position_ids, use_cache=False
+                input_ids=packed.input_ids,
+                attention_mask=own,
+                position_ids=packed.position_ids,
+                use_cache=False,
+                **keep,
             )
-            return out.logits[0].index_select(0, packed.sources), packed.targets  # (K, V), (K,)
+            logits = out.logits[0] if self.keeps_logits else out.logits[0].index_select(0, packed.sources)  # (K, V)
+            return logits, packed.targets  # (K, V), (K,)
 
     def forward_values(self, inputs: ForwardInput) -> Tensor:
         """(m, R) the critic's V(s_t) for response token t, read at the position that generated it."""
@@ -390,7 +415,7 @@ class FSDPTrainer:
         token baselines' path variance reads it)."""
         outputs, targets = self._predictions(inputs, full_precision)
         logits = outputs.float()  # (K, V)
-        if temperature > 0:
+        if temperature > 0 and temperature != 1.0:  # at 1, no scaled copy of the largest tensor of the pass
             logits = logits / temperature
         labels = inputs.response_ids.reshape(-1)  # (m * R,)
         labels = labels if targets is None else labels.index_select(0, targets)  # (K,)
