@@ -22,6 +22,9 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
 - critic update: `update_critic` on a value head, against the actor's update on the same batch.
 - KL in the loss: the update with k3 KL in the loss against the same without. Aim <= 1.1x.
 - reference log-probs: `FSDPTrainer.logprobs` against a plain no-grad forward. Aim <= 1.1x.
+- token scores: log-probs (and entropies) of one pass's response tokens from bf16 logits, forward and backward, in
+  float32 a slice at a time (algorithms/token_scores.py, what the trainer runs) against float32 over the whole
+  logits (what it ran before); time and peak memory, no aim.
 - checkpoint: a DCP save and load of the trainer (weights and AdamW state) against torch.save and torch.load of
   the same state dicts; FAILED if a loaded weight differs from the saved one.
 - hf engine: the weight sync from `full_tensors` into the HF engine against a device-to-device copy (<= 1.5x),
@@ -31,6 +34,7 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
 import contextlib
 import os
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -311,6 +315,30 @@ def reference_rows(case: Case) -> list[Row]:
     return [judge(row)]
 
 
+def token_score_rows(case: Case) -> list[Row]:
+    """Log-probs (and entropies) of one pass's response tokens (micro-batch x R of them) from bf16 logits, forward and
+    backward: `token_scores` (float32 a slice at a time) against the same in float32 over the whole logits."""
+    sys.path.append(str(Path(__file__).resolve().parents[1]))  # bench/: its token_scores.py
+    from token_scores import scored
+
+    generator = torch.Generator(case.device).manual_seed(0)
+    tokens, vocab = case.work.micro * case.work.response, case.env.vocab
+    logits = torch.randn(tokens, vocab, device=case.device, dtype=torch.bfloat16, generator=generator)
+    logits.requires_grad_()
+    labels = torch.randint(0, vocab, (tokens,), device=case.device, generator=generator)
+
+    rows = []
+    for entropy, item in ((False, "token scores"), (True, "token scores, entropy too")):
+        ours, theirs = case.alternate(
+            lambda e=entropy: scored(logits, labels, True, e), lambda e=entropy: scored(logits, labels, False, e)
+        )
+        note = f"{tokens} x {vocab} bf16 logits ({gib(logits.numel() * 2)})"
+        if ours.peak_bytes is not None and theirs.peak_bytes is not None:
+            note += f"; peak {gib(ours.peak_bytes)}, whole {gib(theirs.peak_bytes)}"
+        rows.append(Row(item, case.size, ours.seconds, "s", theirs.seconds, "whole s", note=note))
+    return rows
+
+
 def checkpoint_rows(case: Case) -> list[Row]:
     from kuberl.runtime.checkpoint.state import load_trainer_state, save_trainer_state
     from kuberl.runtime.engines.updates import update_policy
@@ -392,6 +420,7 @@ TRAINER_ITEMS = (
     ("critic update", critic_rows, "packing"),
     ("KL in the loss (k3)", kl_rows, "packing"),
     ("reference log-probs", reference_rows, "update"),
+    ("token scores", token_score_rows, "update"),
     ("checkpoint save + load", checkpoint_rows, "packing"),
     ("hf engine", hf_engine_rows, "packing"),
 )

@@ -52,6 +52,11 @@ def _among(usual: tuple[Any, ...]) -> Callable[[Any], bool]:
     return lambda value: value in usual
 
 
+def _any(value: Any) -> bool:
+    """Every value: kuberl always does what the key would switch on."""
+    return True
+
+
 def _one(value: Any) -> bool:
     """1 as a size (a parallel degree of 1 is no parallelism), not True."""
     return type(value) is int and value == 1
@@ -299,8 +304,9 @@ KNOBS: dict[str, Carry | Lose] = {
     "critic.ulysses_sequence_parallel_size": Lose("sequence parallelism is not in kuberl", False, _one),
     f"{ACTOR}.use_torch_compile": Lose("kuberl does not torch.compile the trainer", False),
     f"{REF}.use_torch_compile": Lose("kuberl does not torch.compile the reference", False),
-    f"{ACTOR}.entropy_checkpointing": Lose("the entropy is not recomputed in backward", False),
-    f"{ACTOR}.entropy_from_logits_with_chunking": Lose("the entropy is computed in one piece", False),
+    # what these two switch on, kuberl always does (algorithms/token_scores.py): nothing to report either way
+    f"{ACTOR}.entropy_checkpointing": Lose("the entropy's softmax is always recomputed in backward", False, _any),
+    f"{ACTOR}.entropy_from_logits_with_chunking": Lose("the entropy is always computed in slices", False, _any),
     f"{MODEL}.use_fused_kernels": Lose("fused kernels are not in kuberl", False),
     f"{MODEL}.use_liger": Lose("Liger kernels are not in kuberl", False),
     f"{MODEL}.enable_activation_offload": Lose("activation offload is not in kuberl", False),

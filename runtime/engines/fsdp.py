@@ -35,7 +35,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from kuberl.api.spec import OptimizerSpec
-from kuberl.runtime.algorithms.losses import entropy_from_logits, logprobs_from_logits
+from kuberl.runtime.algorithms.token_scores import token_scores
 from kuberl.runtime.engines.grad_norm import gradient_norm, needs_clipping
 from kuberl.runtime.engines.inputs import ForwardInput
 from kuberl.runtime.engines.micro_batches import MicroBatching, micro_batches
@@ -340,8 +340,9 @@ class FSDPTrainer:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _predictions(self, inputs: ForwardInput, full_precision: bool = False) -> tuple[Tensor, Tensor | None]:
-        """The model's outputs at the positions that predict response tokens, (K, V) logits or the critic's (K, 1)
-        values, and where each belongs in the rows' flattened (m * R) response layout: None when K = m * R in order.
+        """The model's outputs at the positions that predict response tokens, logits (..., V) or the critic's values
+        (..., 1), and where each belongs in the rows' flattened (m * R) response layout: (m, R, ...) and None padded,
+        (K, ...) and the K places packed.
 
         Padded, every position is computed and returned. Packed (training.paddingFree), only positions holding a
         real token are, and the rest of the work (log-softmax, entropy) skips the padding too. `inputs` are on
@@ -369,8 +370,7 @@ class FSDPTrainer:
                         use_cache=False,
                         **keep,
                     )
-                outputs = out.logits[:, -width:-1]  # (m, R, V) position t predicts token t
-                return outputs.reshape(-1, outputs.shape[-1]), None  # (m * R, V)
+                return out.logits[:, -width:-1], None  # (m, R, V) position t predicts token t
             # position ids that restart: each sequence attends within itself (without a mask, transformers reads that
             # from the position ids, as flash-attention and FlexAttention do)
             own = packed_mask(packed.position_ids) if self.builds_own_mask else None  # (1, 1, T, T)
@@ -387,8 +387,8 @@ class FSDPTrainer:
 
     def forward_values(self, inputs: ForwardInput) -> Tensor:
         """(m, R) the critic's V(s_t) for response token t, read at the position that generated it."""
-        values, targets = self._predictions(inputs)  # (K, 1)
-        return into_rows(values[:, 0].float(), inputs.response_ids.shape, targets)  # (m, R)
+        values, targets = self._predictions(inputs)  # (m, R, 1) or (K, 1)
+        return into_rows(values[..., 0].float(), inputs.response_ids.shape, targets)  # (m, R)
 
     def response_logprobs(
         self,
@@ -413,21 +413,22 @@ class FSDPTrainer:
         """What one forward pass gives of each response token (m, R), on this trainer's device: its log-prob under
         the temperature-scaled distribution, and when asked that distribution's entropy and sum_v pi(v)^2 (the
         token baselines' path variance reads it)."""
-        outputs, targets = self._predictions(inputs, full_precision)
-        logits = outputs.float()  # (K, V)
-        if temperature > 0 and temperature != 1.0:  # at 1, no scaled copy of the largest tensor of the pass
-            logits = logits / temperature
-        labels = inputs.response_ids.reshape(-1)  # (m * R,)
-        labels = labels if targets is None else labels.index_select(0, targets)  # (K,)
+        logits, targets = self._predictions(inputs, full_precision)  # (m, R, V) or (K, V), in the compute dtype
+        labels = inputs.response_ids  # (m, R)
+        labels = labels if targets is None else labels.reshape(-1).index_select(0, targets)  # (K,)
+        # in float32 a slice at a time: no float32 copy of the whole logits, forward or backward
+        logprobs, entropies, squares = token_scores(
+            logits, labels, temperature, entropy=entropy, sum_pi_squared=sum_pi_squared
+        )
         shape = inputs.response_ids.shape
 
         def rows(values: Tensor) -> Tensor:
             return into_rows(values, shape, targets)  # (m, R)
 
         return TokenScores(
-            logprobs=rows(logprobs_from_logits(logits, labels)),
-            entropy=rows(entropy_from_logits(logits)) if entropy else None,
-            sum_pi_squared=rows(sum_of_squared_probabilities(logits)) if sum_pi_squared else None,
+            logprobs=rows(logprobs),
+            entropy=None if entropies is None else rows(entropies),
+            sum_pi_squared=None if squares is None else rows(squares),
         )
 
     def on_device(self, inputs: ForwardInput) -> ForwardInput:
@@ -579,18 +580,6 @@ class TokenScores:
     logprobs: Tensor  # log pi(token) under the temperature-scaled distribution
     entropy: Tensor | None = None  # its entropy
     sum_pi_squared: Tensor | None = None  # sum_v pi(v)^2, the distribution's collision probability
-
-
-def sum_of_squared_probabilities(logits: Tensor) -> Tensor:
-    """(K,) sum_v softmax(z)_v^2 of each row of logits z (K, V), as exp(logsumexp(2z) - 2 logsumexp(z)): one pass
-    over the vocabulary, no (K, V) probabilities kept.
-
-    >>> import torch
-    >>> round(float(sum_of_squared_probabilities(torch.log(torch.tensor([[0.5, 0.25, 0.25]])))[0]), 6)
-    0.375
-    """
-    logits = logits.float()  # (K, V)
-    return torch.exp(torch.logsumexp(2 * logits, dim=-1) - 2 * torch.logsumexp(logits, dim=-1))  # (K,)
 
 
 def into_rows(values: Tensor, shape: torch.Size, targets: Tensor | None) -> Tensor:

@@ -520,3 +520,13 @@ def test_verls_optimal_token_baselines_convert_to_the_same_estimator(estimator: 
     assert "algorithm.adv_estimator" not in lost(conversion)
     algorithm = parse_rljob(conversion.manifest).spec.algorithm
     assert (algorithm.advantage_estimator, algorithm.group_size) == (estimator, 4)
+
+
+def test_the_entropy_switches_kuberl_always_has_on_are_not_lost_and_a_kernel_it_lacks_is() -> None:
+    """kuberl computes log-probs and the entropy a slice at a time, the softmax recomputed in backward
+    (runtime/algorithms/token_scores.py): verl's two switches for that lose nothing, on or off; Liger does."""
+    actor = "actor_rollout_ref.actor"
+    for value in ("True", "False"):
+        switches = f"{actor}.entropy_from_logits_with_chunking={value} {actor}.entropy_checkpointing={value}"
+        conversion = convert.convert(read_launch(f"{MINIMAL} {switches} actor_rollout_ref.model.use_liger=True"))
+        assert lost(conversion) == {"actor_rollout_ref.model.use_liger": False}
