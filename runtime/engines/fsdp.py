@@ -344,9 +344,11 @@ class FSDPTrainer:
         (..., 1), and where each belongs in the rows' flattened (m * R) response layout: (m, R, ...) and None padded,
         (K, ...) and the K places packed.
 
-        Padded, every position is computed and returned. Packed (training.paddingFree), only positions holding a
-        real token are, and the rest of the work (log-softmax, entropy) skips the padding too. `inputs` are on
-        this trainer's device already (`ForwardInput.to`).
+        Padded, every response position is returned, padding too. Packed (training.paddingFree), only positions
+        holding a real token are, and the rest of the work (log-softmax, entropy) skips the padding too. Where the
+        model takes `logits_to_keep` (`keeps_logits`), the LM head runs only at the returned positions (padded, and
+        at each row's last one); otherwise over every position. `inputs` are on this trainer's device already
+        (`ForwardInput.to`).
         """
         if inputs.device != self.device:
             raise ValueError(f"the forward input is on {inputs.device}, the trainer on {self.device}: move it first")

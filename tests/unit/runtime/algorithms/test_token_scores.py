@@ -69,18 +69,21 @@ def test_without_a_temperature_the_logits_are_scored_unscaled() -> None:
         assert_close(token_scores(logits, labels, greedy)[0], logprobs_from_logits(logits, labels))
 
 
-class Float32Logits(TorchDispatchMode):
-    """The largest float32 tensor with the vocabulary's columns that any op makes, in elements."""
+class VocabularyOps(TorchDispatchMode):
+    """Records each op that makes a tensor with `vocab` columns (the logits and their copies): name, dtype, size."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab: int) -> None:
         super().__init__()
-        self.largest = 0
+        self.vocab, self.made = vocab, list[tuple[str, torch.dtype, int]]()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
         out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.dim() and out.shape[-1] == V:
-            self.largest = max(self.largest, out.numel())
+        if isinstance(out, torch.Tensor) and out.dim() and out.shape[-1] == self.vocab:
+            self.made.append((func.overloadpacket.__name__, out.dtype, out.numel()))
         return out
+
+    def largest(self, dtype: torch.dtype) -> int:
+        return max((size for _, made, size in self.made if made == dtype), default=0)
 
 
 @pytest.mark.parametrize("scorer", ["slices", "definitions"])
@@ -89,13 +92,13 @@ def test_no_float32_copy_of_the_whole_logits_is_made_forward_or_backward(scorer:
     other side, upcast all 64 at once (so the recorder sees what it is meant to)."""
     logits, labels = logits_and_labels((64,), torch.bfloat16)
     x = logits.requires_grad_()
-    with Float32Logits() as seen:
+    with VocabularyOps(V) as seen:
         if scorer == "slices":
             logprobs, entropy, _ = token_scores(x, labels, 0.7, entropy=True, chunk_elements=16 * V)
         else:
             logprobs, entropy, _ = definitions(x, labels, 0.7)
         (logprobs.sum() + entropy.sum()).backward()
-    assert seen.largest == (16 * V if scorer == "slices" else 64 * V)
+    assert seen.largest(torch.float32) == (16 * V if scorer == "slices" else 64 * V)
 
 
 def test_only_the_logits_and_three_numbers_a_token_are_kept_for_the_backward() -> None:

@@ -13,6 +13,7 @@ from kuberl.runtime.engines.updates import UpdateConfig, update_policy
 from kuberl.runtime.models.lora import apply_lora
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, P, R, make_batch, tiny_model
 from tests.integration.runtime.test_micro_batches import tiny_critic
+from tests.unit.runtime.algorithms.test_token_scores import VocabularyOps
 from tests.unit.runtime.models.test_attention_masks import transformers_logprobs
 
 LAYOUTS = ["padded", "packed"]
@@ -85,26 +86,13 @@ def test_which_models_take_logits_to_keep() -> None:
     assert not takes_logits_to_keep(Plain())
 
 
-class LogitsOps(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the ops that make a tensor with `vocab` columns, the logits and their copies."""
-
-    def __init__(self, vocab: int) -> None:
-        super().__init__()
-        self.vocab, self.ops = vocab, list[str]()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[-1] == self.vocab:
-            self.ops.append(func.overloadpacket.__name__)
-        return out
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_scoring_at_temperature_one_makes_no_scaled_copy_of_the_logits(temperature: float) -> None:
     """Dividing by a temperature of 1 would write (and in the backward read) one more fp32 copy of the logits; the
     scores are the same without it."""
     batch = make_batch()
     scorer = trainer(True, packed=False)
-    with LogitsOps(scorer.model.config.vocab_size) as ops:
+    with VocabularyOps(scorer.model.config.vocab_size) as ops:
         scorer.logprobs(forward_input(batch), temperature, micro_batch_size=len(batch))
-    assert ("div" in ops.ops) == (temperature != 1.0), ops.ops  # at 0.7: the recorder sees a division
+    divisions = [made for made in ops.made if made[0] == "div"]
+    assert bool(divisions) == (temperature != 1.0), ops.made  # at 0.7: the recorder sees a division
