@@ -108,3 +108,16 @@ def test_only_the_logits_and_three_numbers_a_token_are_kept_for_the_backward() -
         logprobs, entropy, _ = token_scores(logits.requires_grad_(), labels, 0.7, entropy=True, chunk_elements=16 * V)
     saved = sum(t.numel() * t.element_size() for t in kept)
     assert saved == logits.numel() * 2 + labels.numel() * 8 + 2 * 64 * 4  # bf16 logits, int64 labels, 2 floats
+
+
+def test_scores_forward_and_backward_read_nothing_on_the_host() -> None:
+    """On the meta device any read of a value on the host raises: the slices' loop and their backward read none, so
+    on a GPU nothing waits for it (sizes come from shapes only)."""
+    logits = torch.empty(64, V, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.empty(64, device="meta", dtype=torch.long)
+    logprobs, entropy, squares = token_scores(
+        logits, labels, 0.7, entropy=True, sum_pi_squared=True, chunk_elements=16 * V
+    )
+    assert entropy is not None and squares is not None and not squares.requires_grad
+    (logprobs.sum() + entropy.sum()).backward()
+    assert logits.grad is not None and (logits.grad.device.type, logits.grad.dtype) == ("meta", torch.bfloat16)
