@@ -25,11 +25,6 @@ if TYPE_CHECKING:
 MIB = 2**20
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def scored(logits: "torch.Tensor", labels: "torch.Tensor", slices: bool, entropy: bool) -> None:
     """One forward and backward of the scores of `logits` (K, V) that requires grad: the trainer's slices, or the
     whole float32 computation it ran before. The GPU suite's `token scores` rows run this too."""
@@ -48,11 +43,12 @@ def scored(logits: "torch.Tensor", labels: "torch.Tensor", slices: bool, entropy
 
 def child(variant: str, entropy: bool, tokens: int, vocab: int, repeats: int) -> dict[str, float]:
     import torch
+    from weight_sync import rss  # bench/weight_sync.py: this process's resident bytes
 
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(tokens, vocab, generator=generator).bfloat16().requires_grad_()  # (K, V)
     labels = torch.randint(0, vocab, (tokens,), generator=generator)  # (K,)
-    before = rss_bytes()
+    before = rss()
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
