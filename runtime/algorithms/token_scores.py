@@ -19,6 +19,8 @@ The gradient, for one token with label y, p = softmax(z) and E = sum_v p_v z_v (
 and d / d logits = (d / d z) / temperature, returned in the logits' dtype.
 """
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -48,7 +50,7 @@ def token_scores(
     (0.5, 1.039721, 0.375)
     """
     scale = temperature if temperature > 0 else 1.0
-    per_row = max(1, logits[0].numel()) if logits.dim() > 1 else 1  # elements of one slice along dim 0
+    per_row = max(1, math.prod(logits.shape[1:]))  # elements of one entry along dim 0: a token's or a row's
     rows = max(1, chunk_elements // per_row)
     logprobs, entropies, squares = _TokenScores.apply(logits, labels, scale, rows, entropy, sum_pi_squared)
     return logprobs, entropies if entropy else None, squares if sum_pi_squared else None

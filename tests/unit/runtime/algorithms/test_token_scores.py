@@ -121,3 +121,11 @@ def test_scores_forward_and_backward_read_nothing_on_the_host() -> None:
     assert entropy is not None and squares is not None and not squares.requires_grad
     (logprobs.sum() + entropy.sum()).backward()
     assert logits.grad is not None and (logits.grad.device.type, logits.grad.dtype) == ("meta", torch.bfloat16)
+
+
+def test_a_pass_without_tokens_scores_nothing() -> None:
+    logits = torch.empty(0, V, requires_grad=True)
+    logprobs, entropy, _ = token_scores(logits, torch.empty(0, dtype=torch.long), entropy=True)
+    assert logprobs.shape == (0,) and entropy is not None and entropy.shape == (0,)
+    (logprobs.sum() + entropy.sum()).backward()
+    assert logits.grad is not None and logits.grad.shape == (0, V)
