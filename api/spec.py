@@ -698,6 +698,19 @@ class TrainingSpec(KuberlModel):
         "0.5B model, half padding: 1.41x in passes of 16 rows, 1.02x in passes of 4096 tokens). verl: "
         "actor_rollout_ref.model.use_remove_padding, critic.model.use_remove_padding.",
     )
+    fused_log_probs: bool = Field(
+        False,
+        description="Score each response token (its log-prob, and the entropy where the loss needs it) from the LM "
+        "head's input inside the model's forward, a slice of tokens at a time, instead of from the logits of the "
+        "whole pass: a pass never holds the logits of more than one slice (2^26 float32 values), forward or "
+        "backward. Otherwise the logits and, in an update, their gradient are the largest tensors of a pass "
+        "(151,936 x 3,072 values for 4 rows of 768 response tokens of a Qwen2.5 model, 0.9 GB each in bf16). The "
+        "backward computes each slice's logits again: one more matrix product of the head. The scores equal the "
+        "logits path's within bf16 rounding. Applies to the actor's and the reference's forwards (the critic has no "
+        "LM head). Needs a head that is a plain linear layer without bias and a forward that returns its output "
+        "unchanged: a model that scales or softcaps its logits after the head (Gemma 2, Cohere, Granite) is refused "
+        "at its first forward pass, naming this field. verl: actor_rollout_ref.model.use_fused_kernels.",
+    )
     step_timeout_seconds: float = Field(
         3600.0,
         gt=0,

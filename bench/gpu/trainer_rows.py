@@ -9,7 +9,9 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
   the same update with transformers' own masks instead of the trainer's (models/attention_masks.py): on this
   batch, which has no padding, transformers reads the mask on the host per pass and then runs SDPA's causal
   kernel; the trainer hands the model no mask, so SDPA runs the same kernel without the read. Aim <= 1.0x. And
-  the same update with the LM head run over every position, the prompt's too (as before `logits_to_keep`).
+  the same update with the LM head run over every position, the prompt's too (as before `logits_to_keep`). And
+  the same update scoring the tokens at the head (training.fusedLogProbs: from the head's input, a slice of tokens
+  at a time, never the whole logits), against the logits path: time and peak memory, no aim.
 - LoRA update: kuberl's LoRA (r16, all-linear) against plain PEFT over a bf16 frozen base. Aim <= 1.1x; and
   its peak memory against kuberl's full update, aim <= 0.5x. kuberl's base is in bf16 too, as a LoRA actor's is
   beside a bf16 engine (fsdp.keeps_frozen_in_compute_dtype); the reference row's model likewise.
@@ -152,6 +154,7 @@ def update_rows(case: Case) -> list[Row]:
     from transformers import AutoModelForCausalLM
 
     from kuberl.runtime.engines.updates import update_policy
+    from kuberl.runtime.models.scoring_head import output_head
 
     trainer, batch, work = case.trainer(), case.batch(), case.work
     plain = PlainUpdate(
@@ -179,8 +182,16 @@ def update_rows(case: Case) -> list[Row]:
     # padding; the trainer's own (`updating`): no mask here, the same kernel, no read
     with_transformers_masks = without("builds_own_mask", "causal_when_unpadded")
     head_everywhere = without("keeps_logits")  # the LM head over the prompt's positions too
-    kuberl, theirs, everywhere, baseline = case.alternate(
-        updating(trainer, batch, config), with_transformers_masks, head_everywhere, lambda: plain(batch)
+
+    def scored_at_head() -> None:  # training.fusedLogProbs
+        trainer.scoring_head = output_head(trainer.model)
+        try:
+            update_policy(trainer, batch, config)
+        finally:
+            trainer.scoring_head = None
+
+    kuberl, theirs, everywhere, fused, baseline = case.alternate(
+        updating(trainer, batch, config), with_transformers_masks, head_everywhere, scored_at_head, lambda: plain(batch)
     )
     case.env.full_update[case.size] = kuberl
     shape_note = f"{work.sequences} x {work.prompt + work.response} tokens, micro-batch {work.micro}"
@@ -196,6 +207,10 @@ def update_rows(case: Case) -> list[Row]:
         Row(
             "update, head at responses", case.size, kuberl.seconds, "s", everywhere.seconds, "head everywhere s",
             note=f"logits_to_keep: {keeps_logits}; peak {memory}, everywhere {gib(everywhere.peak_bytes)}",
+        ),
+        Row(
+            "update, fused log-probs", case.size, fused.seconds, "s", kuberl.seconds, "logits path s",
+            note=f"training.fusedLogProbs; peak {gib(fused.peak_bytes)}, logits path {memory}",
         ),
     ]  # fmt: skip
     flops, peak = case.env.update_flops(case.size, work), case.env.peak

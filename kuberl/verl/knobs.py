@@ -225,6 +225,8 @@ KNOBS: dict[str, Carry | Lose] = {
     # models and optimisers
     f"{MODEL}.path": Carry("models.actor.path", model_location),
     f"{MODEL}.enable_gradient_checkpointing": Carry("models.actor.gradientCheckpointing"),
+    # the log-probs and entropy from the head's input, a slice at a time (its fused_kernel_options pick verl's kernel)
+    f"{MODEL}.use_fused_kernels": Carry("training.fusedLogProbs"),
     f"{ACTOR}.optim.lr": Carry("models.actor.optim.lr"),
     f"{ACTOR}.optim.weight_decay": Carry("models.actor.optim.weightDecay"),
     f"{ACTOR}.optim.betas": Carry("models.actor.optim.betas"),
@@ -307,7 +309,6 @@ KNOBS: dict[str, Carry | Lose] = {
     # what these two switch on, kuberl always does (algorithms/token_scores.py): nothing to report either way
     f"{ACTOR}.entropy_checkpointing": Lose("the entropy's softmax is always recomputed in backward", False, _any),
     f"{ACTOR}.entropy_from_logits_with_chunking": Lose("the entropy is always computed in slices", False, _any),
-    f"{MODEL}.use_fused_kernels": Lose("fused kernels are not in kuberl", False),
     f"{MODEL}.use_liger": Lose("Liger kernels are not in kuberl", False),
     f"{MODEL}.enable_activation_offload": Lose("activation offload is not in kuberl", False),
     f"{MODEL}.trust_remote_code": Lose("kuberl loads models without remote code", False),

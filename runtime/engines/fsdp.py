@@ -13,7 +13,9 @@ CPUOffloadPolicy); an update gathers the model for its passes and reduces its gr
 (`FSDPTrainer.before_pass`), unless offload.perLayer copies layer by layer at every pass.
 
 With training.paddingFree each micro-batch runs packed, without its padding (engines/packing.py);
-models.<role>.maxTokensPerMicroBatch cuts micro-batches by tokens (engines/micro_batches.py).
+models.<role>.maxTokensPerMicroBatch cuts micro-batches by tokens (engines/micro_batches.py). With
+training.fusedLogProbs the LM head scores the response tokens from its input inside the forward, a slice of
+tokens at a time, and the pass's logits are never made whole (models/scoring_head.py).
 
 A LoRA actor (`models.lora`) is a PEFT model: FSDP2 shards it the same way (the decoder layers are
 the wrapped model's), only the adapters require gradients, and only they get optimiser state.
@@ -47,6 +49,14 @@ from kuberl.runtime.models.attention_masks import (
     padded_mask,
 )
 from kuberl.runtime.models.lora import adapters_off
+from kuberl.runtime.models.scoring_head import (
+    FIELD,
+    HeadScoring,
+    output_head,
+    scores_out_of,
+    scoring_head,
+    why_head_cannot_score,
+)
 
 
 def apply_fsdp(
@@ -298,6 +308,7 @@ class FSDPTrainer:
         offload_per_layer: bool | None = None,
         padding_free: bool = False,
         frozen_in_compute_dtype: bool = False,
+        fused_log_probs: bool = False,
     ) -> None:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers PreTrainedModel
@@ -329,6 +340,14 @@ class FSDPTrainer:
         self.is_critic = not hasattr(model, "lm_head")
         #: the LM head runs only where a response token is predicted, not over the prompt (`logits_to_keep`)
         self.keeps_logits = not self.is_critic and takes_logits_to_keep(model)
+        #: training.fusedLogProbs: the head scores the tokens from its input, never making the logits whole
+        #: (models/scoring_head.py); a critic has no head to score with
+        self.scoring_head: torch.nn.Linear | None = None
+        if fused_log_probs and not self.is_critic:
+            reason = why_head_cannot_score(model, self.keeps_logits)
+            if reason is not None:
+                raise ValueError(f"{FIELD}: {reason}, so it cannot score from its input: set it to false")
+            self.scoring_head = output_head(model)
 
     # -- forward passes -------------------------------------------------------------------------
     def _autocast(self, full_precision: bool = False) -> contextlib.AbstractContextManager[Any]:
@@ -339,10 +358,12 @@ class FSDPTrainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _predictions(self, inputs: ForwardInput, full_precision: bool = False) -> tuple[Tensor, Tensor | None]:
+    def _predictions(
+        self, inputs: ForwardInput, full_precision: bool = False, scoring: HeadScoring | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """The model's outputs at the positions that predict response tokens, logits (..., V) or the critic's values
-        (..., 1), and where each belongs in the rows' flattened (m * R) response layout: (m, R, ...) and None padded,
-        (K, ...) and the K places packed.
+        (..., 1), or with `scoring` the head's score columns (..., k) (`scoring_head`), and where each belongs in the
+        rows' flattened (m * R) response layout: (m, R, ...) and None padded, (K, ...) and the K places packed.
 
         Padded, every response position is returned, padding too. Packed (training.paddingFree), only positions
         holding a real token are, and the rest of the work (log-softmax, entropy) skips the padding too. Where the
@@ -352,7 +373,11 @@ class FSDPTrainer:
         """
         if inputs.device != self.device:
             raise ValueError(f"the forward input is on {inputs.device}, the trainer on {self.device}: move it first")
-        with self._autocast(full_precision):
+        head = self.scoring_head
+        scores_at_head: contextlib.AbstractContextManager[list[Tensor]] = (
+            scoring_head(head, scoring) if scoring is not None and head is not None else contextlib.nullcontext([])
+        )
+        with self._autocast(full_precision), scores_at_head as made:
             packed = inputs.packed
             if packed is None:
                 mask = inputs.attention_mask  # (m, P+R)
@@ -372,6 +397,8 @@ class FSDPTrainer:
                         use_cache=False,
                         **keep,
                     )
+                if scoring is not None:
+                    return scores_out_of(out.logits, made, self.model), None  # (m, R, k)
                 return out.logits[:, -width:-1], None  # (m, R, V) position t predicts token t
             # position ids that restart: each sequence attends within itself (without a mask, transformers reads that
             # from the position ids, as flash-attention and FlexAttention do)
@@ -384,6 +411,8 @@ class FSDPTrainer:
                 use_cache=False,
                 **keep,
             )
+            if scoring is not None:
+                return scores_out_of(out.logits, made, self.model)[0], packed.targets  # (K, k), (K,)
             logits = out.logits[0] if self.keeps_logits else out.logits[0].index_select(0, packed.sources)  # (K, V)
             return logits, packed.targets  # (K, V), (K,)
 
@@ -414,14 +443,24 @@ class FSDPTrainer:
     ) -> "TokenScores":
         """What one forward pass gives of each response token (m, R), on this trainer's device: its log-prob under
         the temperature-scaled distribution, and when asked that distribution's entropy and sum_v pi(v)^2 (the
-        token baselines' path variance reads it)."""
-        logits, targets = self._predictions(inputs, full_precision)  # (m, R, V) or (K, V), in the compute dtype
+        token baselines' path variance reads it).
+
+        In float32 a slice of tokens at a time: from the logits (`token_scores`), or with training.fusedLogProbs
+        from the head's input inside the forward (`scoring_head`), so that the logits are never made whole."""
+        targets = None if inputs.packed is None else inputs.packed.targets  # (K,) packed
         labels = inputs.response_ids  # (m, R)
         labels = labels if targets is None else labels.reshape(-1).index_select(0, targets)  # (K,)
-        # in float32 a slice at a time: no float32 copy of the whole logits, forward or backward
-        logprobs, entropies, squares = token_scores(
-            logits, labels, temperature, entropy=entropy, sum_pi_squared=sum_pi_squared
-        )
+        if self.scoring_head is not None:
+            scoring = HeadScoring(
+                labels if targets is None else labels.unsqueeze(0), temperature, entropy, sum_pi_squared
+            )
+            columns, _ = self._predictions(inputs, full_precision, scoring)  # (m, R, k) or (K, k)
+            logprobs, entropies, squares = scoring.split(columns)
+        else:
+            logits, _ = self._predictions(inputs, full_precision)  # (m, R, V) or (K, V), in the compute dtype
+            logprobs, entropies, squares = token_scores(
+                logits, labels, temperature, entropy=entropy, sum_pi_squared=sum_pi_squared
+            )
         shape = inputs.response_ids.shape
 
         def rows(values: Tensor) -> Tensor:

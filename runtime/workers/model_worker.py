@@ -177,6 +177,7 @@ class ModelWorker:
                 "offloaded_to_cpu": offloaded_to_cpu(trainer.model),
                 "offload_gathers_per_step": trainer.gathers_per_step,
                 "padding_free": trainer.padding_free,
+                "fused_log_probs": trainer.scoring_head is not None,
             }
             for role, trainer in self.trainers.items()
         }
@@ -228,6 +229,7 @@ class ModelWorker:
             offload=offload,
             offload_per_layer=offload_per_layer,
             padding_free=padding_free,
+            fused_log_probs=self.job.spec.training.fused_log_probs,
             frozen_in_compute_dtype=keeps_frozen_in_compute_dtype(
                 optim is not None, lora is not None, compute, rollout
             ),

@@ -88,13 +88,19 @@ def layout(batch: RolloutBatch, world: int, minis: int) -> RolloutBatch:
     return batch.select([m * mini_rows + r * part + i for r in range(world) for m in range(minis) for i in range(part)])
 
 
-def fsdp_rank(rank: int, world: int, rendezvous: str, out: str) -> None:
+def fsdp_rank(rank: int, world: int, rendezvous: str, out: str, fused: bool = False) -> None:
     import torch.distributed as dist
+
+    from kuberl.runtime.models import scoring_head
 
     # a rendezvous file, not a port: a port found free can be taken by another process before rank 0 binds it
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    trainer = FSDPTrainer(tiny_model(), world_size=world, device=torch.device("cpu"), optim=OPTIM, total_steps=10)
+    scoring_head.CHUNK_ELEMENTS = 3 * VOCAB  # fused: slices of 3 tokens, so each pass has several
+    trainer = FSDPTrainer(
+        tiny_model(), world_size=world, device=torch.device("cpu"), optim=OPTIM, total_steps=10, fused_log_probs=fused
+    )
+    assert (trainer.scoring_head is not None) == fused
     trainer.optimizer = sgd(trainer.model.parameters())
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda _: 1.0)
     shard = layout(make_batch(), world, CONFIG["mini_batches"]).shard(world)[rank]
@@ -129,9 +135,12 @@ def reference_update() -> dict[str, torch.Tensor]:
     return {name: param.detach().clone() for name, param in model.named_parameters()}
 
 
-def test_two_rank_fsdp_update_equals_single_process_reference(tmp_path: Path, rank_pool: RankPool):
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "fusedLogProbs"])
+def test_two_rank_fsdp_update_equals_single_process_reference(tmp_path: Path, rank_pool: RankPool, fused: bool):
+    """fusedLogProbs: the head scores from its input inside the sharded root's forward, and its weight's gradient
+    (the root unit's) is reduced over the ranks like every other."""
     out = tmp_path / "fsdp.pt"
-    rank_pool.run(fsdp_rank, 2, 2, str(tmp_path / "rendezvous"), str(out))
+    rank_pool.run(fsdp_rank, 2, 2, str(tmp_path / "rendezvous"), str(out), fused)
     sharded = torch.load(out)
     reference = reference_update()
     initial = {name: param.detach() for name, param in tiny_model().named_parameters()}

@@ -38,7 +38,7 @@ from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_p
 from kuberl.runtime.models.loading import VALUE_MODEL
 from kuberl.runtime.models.packed_attention import FLEX_MIN_HEAD_DIM, attention_implementation, head_dim_of
 from tests.integration.runtime.jobs import demo_base_dir, demo_job
-from tests.integration.runtime.test_fsdp_equivalence import CONFIG, make_batch, tiny_model
+from tests.integration.runtime.test_fsdp_equivalence import CONFIG, VOCAB, make_batch, tiny_model
 
 pytestmark = pytest.mark.integration
 NO_CUDA = "needs a CUDA device (none on this machine)"
@@ -83,13 +83,14 @@ def one_rank(device: torch.device) -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def trainer_on(device: torch.device, model: torch.nn.Module | None = None) -> FSDPTrainer:
+def trainer_on(device: torch.device, model: torch.nn.Module | None = None, **options: Any) -> FSDPTrainer:
     return FSDPTrainer(
         model if model is not None else tiny_model(),
         world_size=1,
         device=device,
         optim=OptimizerSpec(lr=1e-2, grad_clip=1.0),
         total_steps=10,
+        **options,
     )
 
 
@@ -164,6 +165,37 @@ def test_a_single_rank_trains_its_plain_module_in_bf16_under_autocast(device: st
         assert computed and set(computed) == {torch.bfloat16}
         assert all(param.dtype == torch.float32 for param in model.parameters())
         assert largest_difference(before, weights(trainer)) > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tokens_scored_at_the_head_on_the_device_equal_the_logits_path(device: str, monkeypatch) -> None:
+    """training.fusedLogProbs in bf16 under autocast, in slices of 5 tokens: the log-probs and the entropy of the
+    logits path, and the same gradients within bf16's rounding of the head's (models/scoring_head.py). On a GPU the
+    slices' matmuls may round a logit differently from the whole pass's, so the engine's bounds apply there."""
+    from kuberl.runtime.models import scoring_head
+
+    monkeypatch.setattr(scoring_head, "CHUNK_ELEMENTS", 5 * VOCAB)
+    on, batch = torch.device(device), make_batch()
+    valid = batch.response_mask.bool()
+    results = []
+    with one_rank(on):
+        for fused in (True, False):
+            trainer = trainer_on(on, compute_dtype=torch.bfloat16, fused_log_probs=fused)
+            scores = trainer.response_scores(trainer.on_device(forward_input(batch)), 0.7, entropy=True)
+            assert scores.entropy is not None
+            ((scores.logprobs + 0.1 * scores.entropy) * valid.to(on)).sum().backward()
+            gradients = {name: param.grad.cpu() for name, param in trainer.model.named_parameters()}  # type: ignore[union-attr]
+            results.append((scores.logprobs.detach().cpu()[valid], scores.entropy.detach().cpu()[valid], gradients))
+    (logprobs, entropy, gradients), (their_logprobs, their_entropy, theirs) = results
+    for ours, reference in ((logprobs, their_logprobs), (entropy, their_entropy)):
+        difference = (ours - reference).abs()
+        if device == "cpu":
+            assert float(difference.max()) < 1e-4
+        else:
+            assert float(difference.mean()) < MEAN_TOLERANCE and float(difference.max()) < MAX_TOLERANCE
+    for name, gradient in gradients.items():
+        error = float((gradient - theirs[name]).abs().max() / theirs[name].abs().max())
+        assert error <= 2**-7 if device == "cpu" else error <= 2**-5, (name, error)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -2,8 +2,9 @@
 them as worker groups of their own, on their pools' Ray resources, not inside the actor's workers.
 
 The same run carries each role's own knobs (issue #21): the reference's dtype, the critic's gradient
-checkpointing, every role's micro-batch sizes, the actor's CPU offload, the reference's token budget and
-padding-free forwards, each seen where it takes effect."""
+checkpointing, every role's micro-batch sizes, the actor's CPU offload, the reference's token budget,
+padding-free forwards, and log-probs scored at the LM head (training.fusedLogProbs, for the roles with a head),
+each seen where it takes effect."""
 
 from typing import Any
 
@@ -32,6 +33,7 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
             "models.actor.microBatchSize": 2,
             "models.actor.offload": {"params": True, "optimizer": True, "perLayer": False},
             "training.paddingFree": True,
+            "training.fusedLogProbs": True,
             "models.actor.forwardMicroBatchSize": 7,
             "training.totalSteps": 2,
             "checkpoint.exportHf": False,
@@ -73,14 +75,17 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
     for name, ranks in hosted.items():  # each on a unit of its own pool's resource
         assert all(rank["resources"].get(f"kuberl_{name}") == 1 for rank in ranks), ranks
     # the reference in its own dtype beside the float32 actor; only the critic recomputes activations; only the
-    # actor's FSDP2 shards are in host memory (offload); every trainer's forwards are packed (paddingFree)
+    # actor's FSDP2 shards are in host memory (offload); every trainer's forwards are packed (paddingFree); the
+    # actor and the reference score at their heads (fusedLogProbs), the critic has none
     assert hosted["reference"][0]["trainers"]["reference"]["dtype"] == "bfloat16"
+    assert hosted["reference"][0]["trainers"]["reference"]["fused_log_probs"] is True
     assert hosted["actor"][0]["trainers"]["actor"] == {
         "dtype": "float32",
         "gradient_checkpointing": False,
         "offloaded_to_cpu": True,
         "offload_gathers_per_step": True,  # perLayer: false, on 2 ranks too: the update keeps the gathered model
         "padding_free": True,
+        "fused_log_probs": True,
     }
     assert hosted["critic"][0]["trainers"]["critic"] == {
         "dtype": "float32",
@@ -88,6 +93,7 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
         "offloaded_to_cpu": False,
         "offload_gathers_per_step": False,
         "padding_free": True,
+        "fused_log_probs": False,
     }
     # 8 rows a step: the actor's 2 ranks update 4 rows each in micro-batches of 2, the critic's 1 rank 8 in 3s
     assert {record["actor/micro_batches"] for record in run.history} == {2.0}

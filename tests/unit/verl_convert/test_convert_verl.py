@@ -530,3 +530,14 @@ def test_the_entropy_switches_kuberl_always_has_on_are_not_lost_and_a_kernel_it_
         switches = f"{actor}.entropy_from_logits_with_chunking={value} {actor}.entropy_checkpointing={value}"
         conversion = convert.convert(read_launch(f"{MINIMAL} {switches} actor_rollout_ref.model.use_liger=True"))
         assert lost(conversion) == {"actor_rollout_ref.model.use_liger": False}
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_verls_fused_kernels_convert_to_scoring_at_the_head(value: bool) -> None:
+    """use_fused_kernels computes the log-probs and entropy from the hidden states a chunk at a time, as
+    training.fusedLogProbs does; its backend option (torch or triton) changes nothing kuberl does."""
+    model = "actor_rollout_ref.model"
+    launch = f"{MINIMAL} {model}.use_fused_kernels={value} {model}.fused_kernel_options.impl_backend=triton"
+    conversion = convert.convert(read_launch(launch))
+    assert lost(conversion) == {}
+    assert parse_rljob(conversion.manifest).spec.training.fused_log_probs is value

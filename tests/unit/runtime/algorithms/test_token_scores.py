@@ -70,7 +70,8 @@ def test_without_a_temperature_the_logits_are_scored_unscaled() -> None:
 
 
 class VocabularyOps(TorchDispatchMode):
-    """Records each op that makes a tensor with `vocab` columns (the logits and their copies): name, dtype, size."""
+    """Records each op that makes a tensor with `vocab` columns (the logits and their copies): name, dtype, size.
+    Views (a transpose of the (V, H) head, a slice) make no memory and are left out."""
 
     def __init__(self, vocab: int) -> None:
         super().__init__()
@@ -78,7 +79,7 @@ class VocabularyOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
         out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and out.dim() and out.shape[-1] == self.vocab:
+        if isinstance(out, torch.Tensor) and out.dim() and out.shape[-1] == self.vocab and not func.is_view:
             self.made.append((func.overloadpacket.__name__, out.dtype, out.numel()))
         return out
 

@@ -147,8 +147,15 @@ class MetaDeviceTrainer(FSDPTrainer):
     a stand-in for a GPU. It overrides the optimiser step (the real one reads a skip verdict on the host, and
     meta has no values) and `to_host` (it counts the reads and returns zeros: there is nothing to read)."""
 
-    def __init__(self, model: nn.Module, padding_free: bool = False) -> None:
-        super().__init__(model, world_size=1, device=torch.device("cpu"), optim=None, total_steps=1)
+    def __init__(self, model: nn.Module, padding_free: bool = False, fused_log_probs: bool = False) -> None:
+        super().__init__(
+            model,
+            world_size=1,
+            device=torch.device("cpu"),
+            optim=None,
+            total_steps=1,
+            fused_log_probs=fused_log_probs,
+        )
         self.model, self.device, self.padding_free = self.model.to(META), META, padding_free
         self.host_reads: list[tuple[int, ...]] = []
         self.optimizer_steps = 0
@@ -273,15 +280,17 @@ def qwen2(critic: bool = False) -> nn.Module:
     return Qwen2ForTokenClassification(config) if critic else Qwen2ForCausalLM(config)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "fusedLogProbs"])
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
 def test_a_transformers_model_updates_on_another_device_without_reading_its_mask_on_the_host(
-    padding_free: bool,
+    padding_free: bool, fused: bool
 ) -> None:
     """Given a padding mask or restarting position ids, transformers asks on the host whether it needs a mask
     (`.all()` in masking_utils): on an H200 that was a wait per pass (#38's GPU test). The trainer hands a real
-    Qwen2 the 4D mask itself (models/attention_masks.py), so its update runs on meta, where any read raises."""
-    trainer = MetaDeviceTrainer(qwen2(), padding_free=padding_free)
-    assert trainer.builds_own_mask
+    Qwen2 the 4D mask itself (models/attention_masks.py), so its update runs on meta, where any read raises. So
+    does an update whose head scores the tokens from its input (training.fusedLogProbs)."""
+    trainer = MetaDeviceTrainer(qwen2(), padding_free=padding_free, fused_log_probs=fused)
+    assert trainer.builds_own_mask and (trainer.scoring_head is not None) == fused
     update_policy(trainer, host_batch(), config())
     assert trainer.optimizer_steps == 4 and len(trainer.host_reads) == 1
     critic = MetaDeviceTrainer(qwen2(critic=True), padding_free=padding_free)
