@@ -8,8 +8,9 @@ response tokens: 151,936 x 3,072 for a Qwen pass of 4 rows of 768, 0.9 GB in bf1
 them whole makes float32 copies of twice that size: the upcast, kept for the backward, and in the backward each
 term's gradient. Here the float32 work is done on slices of `chunk_elements` and only the logits themselves and
 three numbers a token are kept for the backward, which recomputes a slice's softmax from them (verl's
-`entropy_from_logits_with_chunking` does the same for the entropy's forward; Liger's fused cross-entropy goes
-further and never writes the logits at all). `bench/token_scores.py` measures both ways.
+`entropy_from_logits_with_chunking` does the same for the entropy's forward). `head_token_scores` goes further,
+as verl's fused kernels and Liger's fused cross-entropy do: it scores from the LM head's input and never makes the
+logits whole (training.fusedLogProbs). `bench/token_scores.py` measures both ways.
 
 The gradient, for one token with label y, p = softmax(z) and E = sum_v p_v z_v (so entropy = logsumexp(z) - E):
 

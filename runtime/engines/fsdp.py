@@ -48,7 +48,7 @@ from kuberl.runtime.models.attention_masks import (
     packed_mask,
     padded_mask,
 )
-from kuberl.runtime.models.lora import adapters_off
+from kuberl.runtime.models.lora import adapters_off, transformers_model
 from kuberl.runtime.models.scoring_head import (
     FIELD,
     HeadScoring,
@@ -150,8 +150,7 @@ def offloaded_to_cpu(model: torch.nn.Module) -> bool:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    if hasattr(model, "get_base_model"):  # a PEFT (LoRA) model: the layers are the wrapped model's
-        model = model.get_base_model()  # type: ignore[operator]
+    model = transformers_model(model)  # a PEFT (LoRA) model's layers are the wrapped model's
     backbone = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
     layers = getattr(backbone, "layers", None)
     if layers is None:
@@ -283,9 +282,7 @@ def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     The head is a large matmul (vocabulary x hidden) and its output the largest activation of an update: run over
     the prompt, where no token is scored, it is work and memory thrown away (TRL asks for the completion's only).
     """
-    get_base_model = getattr(model, "get_base_model", None)  # a peft.PeftModel's base
-    base = get_base_model() if callable(get_base_model) else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    return "logits_to_keep" in inspect.signature(transformers_model(model).forward).parameters
 
 
 class FSDPTrainer:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kuberl.runtime.models.lora import transformers_model
 from kuberl.runtime.models.packed_attention import document_ids
 
 #: transformers' SDPA attention, registered under this name with no mask function (see the module's docstring)
@@ -37,7 +38,7 @@ def attends_without_a_mask(model: Any) -> bool:
     """Whether a forward of `model` can attend under OWN_SDPA (`own_sdpa`): it builds its masks with transformers'
     functions (its attention is looked up by name at every call), and the trainer builds its masks
     (`builds_own_mask`). Registers OWN_SDPA with transformers."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model's transformers model
+    base = transformers_model(model)
     if not (hasattr(base, "config") and builds_own_mask(base.config) and base._can_set_attn_implementation()):
         return False
     from transformers import AttentionInterface

@@ -98,6 +98,12 @@ def peft_config_dict(lora: LoRASpec) -> dict[str, Any]:
     return {key: sorted(value) if isinstance(value, set) else value for key, value in config.items()}
 
 
+def transformers_model(model: Any) -> Any:
+    """The transformers model inside `model`: a PEFT (LoRA) model's base model, else `model` itself."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
+
 @contextlib.contextmanager
 def adapters_off(model: torch.nn.Module) -> Iterator[None]:
     """The base model for the length of the block: every LoRA layer skips its adapter.

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from kuberl.runtime.algorithms.token_scores import CHUNK_ELEMENTS, head_token_scores
+from kuberl.runtime.models.lora import transformers_model
 
 FIELD = "training.fusedLogProbs"
 
@@ -47,8 +48,7 @@ class HeadScoring:
 
 def output_head(model: Any) -> Any:
     """The LM head of a transformers model, or of a PEFT model's base; None for a model without one (a critic)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    get_output_embeddings = getattr(base, "get_output_embeddings", None)
+    get_output_embeddings = getattr(transformers_model(model), "get_output_embeddings", None)
     return get_output_embeddings() if callable(get_output_embeddings) else None
 
 
