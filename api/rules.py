@@ -360,7 +360,8 @@ def lora_reference_keeps_the_actors_dtype(spec: "RLJobSpec") -> Iterator[RulePro
 
 def optimizer_offload_goes_with_params(offload: "OffloadSpec") -> Iterator[RuleProblem]:
     """FSDP2's CPUOffloadPolicy moves parameters, gradients and optimiser state together, and the optimiser steps
-    where the parameters live: neither half can be had alone. perLayer only says how offloaded parameters move."""
+    where the parameters live: neither half can be had alone. perLayer and gradientsOnDevice only say how offloaded
+    parameters and gradients move, and a gathered model keeps its gradients on the device."""
     if offload.params and not offload.optimizer:
         yield (
             ("optimizer",),
@@ -372,6 +373,18 @@ def optimizer_offload_goes_with_params(offload: "OffloadSpec") -> Iterator[RuleP
             ("perLayer",),
             "perLayer says how offloaded parameters move during an update; set params: true (and optimizer: true) "
             "as well, or remove perLayer",
+        )
+    if offload.gradients_on_device is not None and not offload.params:
+        yield (
+            ("gradientsOnDevice",),
+            "gradientsOnDevice says where an offloaded model's gradients stay during an update; set params: true "
+            "(and optimizer: true) as well, or remove gradientsOnDevice",
+        )
+    if offload.per_layer is False and offload.gradients_on_device is False:
+        yield (
+            ("gradientsOnDevice",),
+            "perLayer: false keeps the gathered model and its gradients on the device for the optimiser step; to "
+            "copy the gradients out at every pass, set perLayer: true as well, or remove gradientsOnDevice",
         )
     if offload.optimizer and not offload.params:
         yield (

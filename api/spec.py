@@ -175,7 +175,8 @@ OFFLOAD_TRADE = (
     "steps the optimiser on the CPU: between updates the device holds none of the model (16 bytes a float32 "
     "parameter with AdamW's moments). During an update one rank holds the model in the compute dtype and its "
     "float32 gradients (6 bytes a parameter with bf16), copied in once and out once per optimiser step; more "
-    "ranks, or perLayer: true, hold one layer at a time, copied at every pass (slower)."
+    "ranks, or perLayer: true, hold one layer at a time, copied at every pass (slower), and with "
+    "gradientsOnDevice: true the float32 gradients besides (4 bytes a parameter), copied out once per step."
 )
 
 
@@ -185,9 +186,14 @@ class OffloadSpec(KuberlModel):
     Both on is FSDP2's `CPUOffloadPolicy`: the sharded parameters and the optimiser state stay in host memory,
     and the optimiser step runs on the CPU. It trades step time for device memory (the model's weights and the
     two AdamW moments, 16 bytes a parameter in float32, leave the device). FSDP2 steps the optimiser where the
-    parameters live, so the two go together: one without the other is refused. `perLayer` says what an update
-    holds on the device: one layer at a time, or the gathered model and its gradients for the step's passes
-    (`FSDPTrainer.before_pass`).
+    parameters live, so the two go together: one without the other is refused. `perLayer` and
+    `gradientsOnDevice` say what an update holds on the device (`FSDPTrainer.before_pass`):
+
+    - perLayer false: the whole model in the compute dtype and its float32 gradients (6 bytes a parameter with
+      bf16), copied in once and out once per optimiser step;
+    - perLayer and gradientsOnDevice true: one layer at a time, copied in at every pass, and the float32 gradients
+      (4 bytes a parameter), copied out once per step;
+    - perLayer true alone: one layer at a time, copied in and its gradients out at every pass.
     """
 
     params: bool = Field(
@@ -203,12 +209,23 @@ class OffloadSpec(KuberlModel):
     per_layer: bool | None = Field(
         None,
         description="How an offloaded model moves during an update. true: layer by layer, at every pass (verl: "
-        "fsdp_config.offload_policy): each pass copies every layer's shard in and its gradients out, so the "
-        "device never holds more than a layer. false: gathered once for the optimiser step: the update keeps the "
-        "whole model in the compute dtype and its float32 gradients on each rank's device until the step, 6 bytes "
-        "a parameter with bf16, not divided among ranks (on one H200 a 0.5B update of 8 passes took 1.6x the "
-        "on-device update's time this way, 6.5x layer by layer; bench/README.md). Unset: false on one rank, true "
-        "on more, where each rank would otherwise hold the whole model. Needs params: true.",
+        "fsdp_config.offload_policy): each pass copies every layer's shard in and its gradients out (unless "
+        "gradientsOnDevice), so the device never holds more than a layer. false: gathered once for the optimiser "
+        "step: the update keeps the whole model in the compute dtype and its float32 gradients on each rank's "
+        "device until the step, 6 bytes a parameter with bf16, not divided among ranks (on one H200 a 0.5B update "
+        "of 8 passes took 1.6x the on-device update's time this way, 6.5x layer by layer; bench/README.md). "
+        "Unset: false on one rank, true on more, where each rank would otherwise hold the whole model, or where "
+        "gradientsOnDevice is false. Needs params: true.",
+    )
+    gradients_on_device: bool | None = Field(
+        None,
+        description="With perLayer: true, whether an update keeps its gradients on the device until the "
+        "optimiser step's last pass, unreduced, which reduces them and copies them to the host once: the float32 "
+        "gradients of the whole model on each rank's device during the update (4 bytes a parameter, not divided "
+        "among ranks), while the weights still move layer by layer. false: every pass reduces its gradients and "
+        "copies them out, blocking, to be added on the host (FSDP2's own offload; the 6.5x above is that copy). "
+        "perLayer: false keeps them on the device always. Unset: false with perLayer: true (or unset on more than "
+        "one rank). Needs params: true.",
     )
 
     @model_validator(mode="after")

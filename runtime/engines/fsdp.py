@@ -111,14 +111,32 @@ def runs_unsharded(world_size: int, device_type: str, offload: bool) -> bool:
     return world_size == 1 and (device_type == "cpu" or not offload)
 
 
-def offloads_per_layer(per_layer: bool | None, world_size: int) -> bool:
-    """Whether an offloaded model moves layer by layer during an update (models.<role>.offload.perLayer): as set,
-    else on more than one rank, where gathering the whole model for the step would undo the sharding.
+@dataclass(frozen=True)
+class OffloadLayout:
+    """What an offloaded model keeps on the device across the passes of an optimiser step
+    (models.<role>.offload.perLayer and .gradientsOnDevice; `FSDPTrainer.before_pass`)."""
 
-    >>> offloads_per_layer(None, 1), offloads_per_layer(None, 2), offloads_per_layer(False, 2)
-    (False, True, False)
-    """
-    return per_layer if per_layer is not None else world_size > 1
+    gathers_weights: bool  # the whole model gathered once, in the compute dtype, rather than a layer at a time
+    keeps_gradients: bool  # its gradients, unreduced, reduced and copied out at the step's last pass only
+
+    @classmethod
+    def of(cls, per_layer: bool | None, gradients_on_device: bool | None, world_size: int) -> "OffloadLayout":
+        """The fields as set; unset, one rank gathers the model and more move it layer by layer (each would
+        otherwise hold the whole model), as does a model whose gradients go out at every pass. A gathered model
+        keeps its gradients (the rules refuse perLayer: false with gradientsOnDevice: false).
+
+        >>> def held(*fields):
+        ...     layout = OffloadLayout.of(*fields)
+        ...     return layout.gathers_weights, layout.keeps_gradients
+        >>> held(None, None, 1), held(None, None, 2), held(False, None, 2)
+        ((True, True), (False, False), (True, True))
+        >>> held(True, None, 1), held(True, True, 1), held(None, True, 2), held(None, False, 1)
+        ((False, False), (False, True), (False, True), (False, False))
+        """
+        if per_layer is None:
+            per_layer = world_size > 1 or gradients_on_device is False
+        keeps = not per_layer or bool(gradients_on_device)
+        return cls(gathers_weights=not per_layer, keeps_gradients=keeps)
 
 
 def autocast_dtype(device_type: str, compute_dtype: torch.dtype, sharded: bool) -> torch.dtype | None:
@@ -303,6 +321,7 @@ class FSDPTrainer:
         compute_dtype: torch.dtype = torch.float32,
         offload: bool = False,
         offload_per_layer: bool | None = None,
+        offload_gradients_on_device: bool | None = None,
         padding_free: bool = False,
         frozen_in_compute_dtype: bool = False,
         fused_log_probs: bool = False,
@@ -325,10 +344,13 @@ class FSDPTrainer:
         # mixed precision FSDP2 does not do: forward passes under autocast (its backward follows the forward's dtypes)
         sharded = any(isinstance(module, FSDPModule) for module in self.model.modules())
         self.autocast_dtype = autocast_dtype(device.type, compute_dtype, sharded)
-        #: an offloaded model that keeps its gathered weights and its gradients on the device for an optimiser
-        #: step's passes (`before_pass`), unless it moves layer by layer (models.<role>.offload.perLayer)
-        per_layer = offloads_per_layer(offload_per_layer, world_size)
-        self.gathers_per_step = offload and not per_layer and isinstance(self.model, FSDPModule)
+        #: an offloaded model that keeps its gathered weights (and its gradients) on the device for an optimiser
+        #: step's passes (`before_pass`), unless it moves layer by layer (models.<role>.offload.perLayer); and one
+        #: that keeps its gradients there, reduced and copied out at the step's last pass only (.gradientsOnDevice)
+        layout = OffloadLayout.of(offload_per_layer, offload_gradients_on_device, world_size)
+        offloaded = offload and isinstance(self.model, FSDPModule)
+        self.gathers_per_step = offloaded and layout.gathers_weights
+        self.reduces_per_step = offloaded and layout.keeps_gradients
         self.optim_spec = optim
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -546,19 +568,21 @@ class FSDPTrainer:
     def before_pass(self, last: bool) -> None:
         """Before each forward/backward pass of an optimiser step (`last`: its final pass): an offloaded model
         (unless offloaded per layer) keeps its weights gathered and its gradients on the device until the last
-        pass, which reduces them and copies them to the host once.
+        pass, which reduces them and copies them to the host once; offloaded per layer with gradientsOnDevice,
+        only its gradients.
 
         FSDP2's offload otherwise copies every layer's shard in at each forward and again at each backward, and
         every pass's gradients out, blocking, to be added to the host's: on one H200 a 0.5B update of 8 passes
-        spent 4.0 of its 6.4 s in those copies (models.<role>.offload.perLayer keeps that, for a model whose
-        gathered weights and gradients do not fit the device). Gathered for the step it took 1.6 s, against
-        1.0 s on the device, at 0.71x the device's peak memory (bench/README.md).
+        spent 4.0 of its 6.4 s in those copies, nearly all of it the gradients' (models.<role>.offload.perLayer
+        keeps that, for a model whose gathered weights and gradients do not fit the device). Gathered for the
+        step it took 1.6 s, against 1.0 s on the device, at 0.71x the device's peak memory (bench/README.md).
         """
-        if not self.gathers_per_step:
+        if not self.reduces_per_step:
             return
         assert isinstance(self.model, FSDPModule)
-        self.model.set_reshard_after_forward(False)  # the backward reuses the forward's gathered weights
-        self.model.set_reshard_after_backward(last)  # and so does the next pass
+        if self.gathers_per_step:
+            self.model.set_reshard_after_forward(False)  # the backward reuses the forward's gathered weights
+            self.model.set_reshard_after_backward(last)  # and so does the next pass
         self.model.set_requires_gradient_sync(last)  # gradients accumulate on the device, unreduced
 
     def optimizer_step(self, loss: Tensor | float | None = None) -> dict[str, Tensor | float]:

@@ -58,18 +58,26 @@ class WorkerSetup:
 
 @contextmanager
 def out_of_memory_names_the_offload(role: str, trainer: FSDPTrainer) -> Iterator[None]:
-    """An update of an offloaded model that gathers it for the step (`FSDPTrainer.before_pass`) and runs out of
-    device memory says which field moves it layer by layer instead."""
+    """An update of an offloaded model that keeps the model or its gradients on the device for the step
+    (`FSDPTrainer.before_pass`) and runs out of device memory says which field holds less."""
     try:
         yield
     except torch.OutOfMemoryError as error:
-        if not trainer.gathers_per_step:
+        if not trainer.reduces_per_step:
             raise
-        hint = (
-            f"models.{role}.offload gathers the whole model in the compute dtype and keeps its float32 gradients on "
-            f"the device for each update (6 bytes a parameter with bf16); set models.{role}.offload.perLayer: true "
-            "to move it layer by layer instead (slower, one layer on the device at a time)"
-        )
+        field = f"models.{role}.offload"
+        if trainer.gathers_per_step:
+            hint = (
+                f"{field} gathers the whole model in the compute dtype and keeps its float32 gradients on the device "
+                f"for each update (6 bytes a parameter with bf16); set {field}.perLayer: true and "
+                "gradientsOnDevice: true to keep only the gradients (4 bytes a parameter), or perLayer: true alone "
+                "to move the model layer by layer and its gradients out at every pass (slower)"
+            )
+        else:
+            hint = (
+                f"{field}.gradientsOnDevice keeps the model's float32 gradients on the device for each update (4 "
+                "bytes a parameter); set it to false to copy them out at every pass instead (slower)"
+            )
         raise torch.OutOfMemoryError(f"{error}\n{hint}") from error
 
 
@@ -133,6 +141,7 @@ class ModelWorker:
                 lora=actor.lora,
                 offload=actor.offload.params,
                 offload_per_layer=actor.offload.per_layer,
+                offload_gradients_on_device=actor.offload.gradients_on_device,
             )
         self.reference_is_base = (
             "actor" in setup.roles
@@ -159,6 +168,7 @@ class ModelWorker:
                 gradient_checkpointing=critic.gradient_checkpointing,
                 offload=critic.offload.params,
                 offload_per_layer=critic.offload.per_layer,
+                offload_gradients_on_device=critic.offload.gradients_on_device,
             )
         if "rollout" in setup.roles:
             self.engine = self._rollout_engine(str(setup.models["actor"].resolve()))
@@ -176,6 +186,7 @@ class ModelWorker:
                 "gradient_checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False)),
                 "offloaded_to_cpu": offloaded_to_cpu(trainer.model),
                 "offload_gathers_per_step": trainer.gathers_per_step,
+                "offload_reduces_per_step": trainer.reduces_per_step,
                 "padding_free": trainer.padding_free,
                 "fused_log_probs": trainer.scoring_head is not None,
             }
@@ -200,6 +211,7 @@ class ModelWorker:
         lora: Any = None,
         offload: bool = False,
         offload_per_layer: bool | None = None,
+        offload_gradients_on_device: bool | None = None,
     ) -> FSDPTrainer:
         assert self.job is not None
         torch.manual_seed(self.job.spec.training.seed)  # a new value head starts the same on every rank
@@ -228,6 +240,7 @@ class ModelWorker:
             compute_dtype=compute,
             offload=offload,
             offload_per_layer=offload_per_layer,
+            offload_gradients_on_device=offload_gradients_on_device,
             padding_free=padding_free,
             fused_log_probs=self.job.spec.training.fused_log_probs,
             frozen_in_compute_dtype=keeps_frozen_in_compute_dtype(

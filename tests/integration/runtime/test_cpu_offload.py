@@ -1,15 +1,18 @@
 """CPU offload (models.<role>.offload) changes where FSDP2 keeps the shards, never what an update computes.
 
-Two real gloo ranks train the same batch four times: as usual, and with FSDP2's CPUOffloadPolicy in each of
-offload.perLayer's settings. An offloaded model reports the policy on every FSDP unit (FSDP2's own per-parameter
-flag) and keeps its shards, and the optimiser state, in host memory; the losses and the weights after two AdamW
-steps equal the non-offloaded run's. On this CPU-only machine the device *is* host memory, so "in host memory"
-cannot differ from the non-offloaded run by place alone: FSDP2's flag is what tells the two apart here, and the
-equality shows the offloaded path (host copies of shards and gradients, the optimiser stepping on them) is exact.
+Two real gloo ranks train the same batch five times: as usual, and with FSDP2's CPUOffloadPolicy in each of
+the layouts offload.perLayer and .gradientsOnDevice make. An offloaded model reports the policy on every FSDP unit
+(FSDP2's own per-parameter flag) and keeps its shards, and the optimiser state, in host memory; the losses and the
+weights after two AdamW steps equal the non-offloaded run's. On this CPU-only machine the device *is* host
+memory, so "in host memory" cannot differ from the non-offloaded run by place alone: FSDP2's flag is what tells the
+two apart here, and the equality shows the offloaded path (host copies of shards and gradients, the optimiser
+stepping on them) is exact.
 
-perLayer shows in what an update does between its passes: gathered for the step (perLayer: false), no gradient
-reaches the (host-side) shards before the step's last pass, which reduces the gradients kept on the device; per
-layer (true, or unset on two ranks) and without offload every pass reduces its own. The offloaded trainer's
+The layouts show in what an update does between its passes. Gathered for the step (perLayer: false), the decoder
+layers stay gathered whole, and no gradient reaches the (host-side) shards before the step's last pass, which
+reduces the gradients kept on the device. Per layer with gradientsOnDevice, the layers are sharded again after
+each pass but the gradients wait for the last pass just the same. Per layer (true, or unset on two ranks) and
+without offload every pass reduces its own. The offloaded trainer's
 checkpoint (DCP, as the job saves it) resumes into a fresh offloaded trainer whose next update equals the
 original's.
 """
@@ -22,7 +25,7 @@ from torch.distributed.tensor import DTensor
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.checkpoint.state import load_trainer_state, save_trainer_state
-from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu
+from kuberl.runtime.engines.fsdp import FSDPTrainer, decoder_layers, offloaded_to_cpu
 from kuberl.runtime.engines.updates import UpdateConfig, update_policy
 from tests.integration.runtime.rank_pool import RankPool
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, layout, make_batch, tiny_model
@@ -32,16 +35,18 @@ pytestmark = pytest.mark.integration
 WORLD = 2
 
 
-#: the layouts: (offload.params and .optimizer, offload.perLayer); unset, two ranks move layer by layer
+#: the layouts: (offload.params and .optimizer, offload.perLayer, offload.gradientsOnDevice); unset, two ranks
+#: move layer by layer and copy the gradients out at every pass
 MODES = {
-    "on the device": (False, None),
-    "offloaded": (True, False),
-    "offloaded per layer": (True, True),
-    "offloaded, perLayer unset": (True, None),
+    "on the device": (False, None, None),
+    "offloaded": (True, False, None),
+    "offloaded per layer": (True, True, None),
+    "offloaded, perLayer unset": (True, None, None),
+    "offloaded per layer, gradients on the device": (True, True, True),
 }
 
 
-def trainer_with(offload: bool, per_layer: bool | None = False) -> FSDPTrainer:
+def trainer_with(offload: bool, per_layer: bool | None = False, gradients_on_device: bool | None = None) -> FSDPTrainer:
     return FSDPTrainer(
         tiny_model(),
         world_size=WORLD,
@@ -50,6 +55,7 @@ def trainer_with(offload: bool, per_layer: bool | None = False) -> FSDPTrainer:
         total_steps=10,
         offload=offload,
         offload_per_layer=per_layer,
+        offload_gradients_on_device=gradients_on_device,
     )
 
 
@@ -67,6 +73,21 @@ def reduced_at_each_pass(trainer: FSDPTrainer) -> list[int]:
     return seen
 
 
+def gathered_after_a_pass(trainer: FSDPTrainer) -> bool:
+    """Whether, between the passes of an optimiser step, the first decoder layer's weights stay gathered whole
+    (FSDP2 swaps a unit's parameters for plain tensors while it is unsharded). Runs a first pass's forward and
+    backward, as an update's first pass, then drops its gradients."""
+    model = trainer.model
+    layer = decoder_layers(model)[0]
+    trainer.before_pass(last=False)
+    model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.sum().backward()
+    whole = not any(isinstance(param, DTensor) for param in layer.parameters())
+    trainer.before_pass(last=True)
+    model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.sum().backward()  # the last pass reshards, reduces
+    trainer.model.zero_grad(set_to_none=True)
+    return whole
+
+
 def train_rank(rank: int, rendezvous: str, out: str, checkpoints: str) -> None:
     import torch.distributed as dist
 
@@ -75,14 +96,17 @@ def train_rank(rank: int, rendezvous: str, out: str, checkpoints: str) -> None:
     results, trainers = {}, {}
     shard = layout(make_batch(), WORLD, CONFIG["mini_batches"]).shard(WORLD)[rank]
     config = UpdateConfig(world_size=WORLD, **{**CONFIG, "micro_batch_size": 1})  # two passes a step
-    for mode, (offload, per_layer) in MODES.items():
-        trainer = trainers[mode] = trainer_with(offload, per_layer)
+    for mode, (offload, per_layer, gradients_on_device) in MODES.items():
+        trainer = trainers[mode] = trainer_with(offload, per_layer, gradients_on_device)
+        gathered = gathered_after_a_pass(trainer)
         reduced = reduced_at_each_pass(trainer)
         losses = [update_policy(trainer, shard, config)["actor/loss"] for _ in "12"]
         assert trainer.optimizer is not None
         results[mode] = {
             "policy": offloaded_to_cpu(trainer.model),
             "gathers_per_step": trainer.gathers_per_step,
+            "reduces_per_step": trainer.reduces_per_step,
+            "gathered_after_a_pass": gathered,
             "reduced": list(reduced),  # a copy: the offloaded trainer trains on below
             "shard_devices": {param.to_local().device.type for param in trainer.model.parameters()},
             "state_devices": {
@@ -116,17 +140,22 @@ def test_offloaded_fsdp2_keeps_shards_in_host_memory_and_trains_the_same(tmp_pat
     results = torch.load(out)
     plain = results["on the device"]
     parameters = len(list(tiny_model().parameters()))
-    assert [results[mode]["policy"] for mode in MODES] == [False, True, True, True]
-    assert [results[mode]["gathers_per_step"] for mode in MODES] == [False, True, False, False]
-    # 2 updates of 2 optimiser steps (mini-batches) of 2 passes: at a step's second pass, only the per-step
-    # offload has reduced no gradient yet
+    assert [results[mode]["policy"] for mode in MODES] == [False, True, True, True, True]
+    assert [results[mode]["gathers_per_step"] for mode in MODES] == [False, True, False, False, False]
+    assert [results[mode]["reduces_per_step"] for mode in MODES] == [False, True, False, False, True]
+    # 2 updates of 2 optimiser steps (mini-batches) of 2 passes: at a step's second pass, only the offloads that
+    # keep the gradients for the step have reduced none yet
     assert plain["reduced"] == [0, parameters] * 4
     assert results["offloaded"]["reduced"] == [0, 0] * 4
     assert results["offloaded per layer"]["reduced"] == [0, parameters] * 4
     assert results["offloaded, perLayer unset"]["reduced"] == [0, parameters] * 4
+    assert results["offloaded per layer, gradients on the device"]["reduced"] == [0, 0] * 4
+    # and between the passes only the gathered offload holds its decoder layers' weights whole
+    gathered = {mode: results[mode]["gathered_after_a_pass"] for mode in MODES}
+    assert gathered == {mode: mode == "offloaded" for mode in MODES}
     initial = {name: param.detach() for name, param in tiny_model().named_parameters()}
     assert max(float((plain["weights"][n] - initial[n]).abs().max()) for n in initial) > 1e-3  # it trained
-    for mode in ("offloaded", "offloaded per layer", "offloaded, perLayer unset"):
+    for mode in [mode for mode in MODES if mode != "on the device"]:
         offloaded = results[mode]
         assert offloaded["shard_devices"] == {"cpu"}
         assert offloaded["state_devices"] == {"cpu"}  # AdamW's moments (DTensor shards), stepped on the CPU

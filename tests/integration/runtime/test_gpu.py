@@ -301,23 +301,27 @@ def test_a_lora_update_over_a_bf16_base_equals_the_one_over_an_fp32_base(device:
 def test_an_offloaded_trainer_keeps_its_weights_on_the_host_and_steps_them_with_the_fused_kernel(device: str) -> None:
     """models.<role>.offload on a GPU: FSDP2 keeps the shards and the AdamW state in host memory, the passes run
     on the device, and the host's step is the CPU's fused AdamW (#38: 0.74 s -> 0.14 s for a 0.5B step). One rank
-    gathers the model for the step (offload.perLayer unset); layer by layer (perLayer: true) it trains the same."""
+    gathers the model for the step (offload.perLayer unset); layer by layer (perLayer: true), with its gradients
+    kept on the device or not (gradientsOnDevice), it trains the same."""
     on = torch.device(device)
     trained = {}
     with one_rank(on):
-        for per_layer in (None, True):
+        for per_layer, gradients_on_device in ((None, None), (True, None), (True, True)):
             trainer = FSDPTrainer(
                 tiny_model(), world_size=1, device=on, optim=OptimizerSpec(lr=1e-2), total_steps=10,
                 compute_dtype=torch.bfloat16, offload=True, offload_per_layer=per_layer,
+                offload_gradients_on_device=gradients_on_device,
             )  # fmt: skip
             assert trainer.optimizer is not None and trainer.optimizer.defaults["fused"]
             assert trainer.gathers_per_step == (per_layer is None)
+            assert trainer.reduces_per_step == (per_layer is None or bool(gradients_on_device))
             before = {name: tensor.clone() for name, tensor in weights(trainer).items()}
             update_policy(trainer, make_batch(), UpdateConfig(world_size=1, **{**CONFIG, "micro_batch_size": 1}))
             assert all(param.device.type == "cpu" for param in trainer.model.parameters())
             assert largest_difference(before, weights(trainer)) > 1e-3  # it trained
-            trained[per_layer] = weights(trainer)
-    assert largest_difference(trained[None], trained[True]) < DEVICE_TOLERANCE
+            trained[per_layer, gradients_on_device] = weights(trainer)
+    for layout in ((True, None), (True, True)):
+        assert largest_difference(trained[None, None], trained[layout]) < DEVICE_TOLERANCE, layout
 
 
 @pytest.mark.parametrize("device", DEVICES)

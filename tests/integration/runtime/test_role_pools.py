@@ -2,9 +2,9 @@
 them as worker groups of their own, on their pools' Ray resources, not inside the actor's workers.
 
 The same run carries each role's own knobs (issue #21): the reference's dtype, the critic's gradient
-checkpointing, every role's micro-batch sizes, the actor's CPU offload, the reference's token budget,
-padding-free forwards, and log-probs scored at the LM head (training.fusedLogProbs, for the roles with a head),
-each seen where it takes effect."""
+checkpointing, every role's micro-batch sizes, the actor's and the critic's CPU offload (offload.perLayer and
+.gradientsOnDevice), the reference's token budget, padding-free forwards, and log-probs scored at the LM head
+(training.fusedLogProbs, for the roles with a head), each seen where it takes effect."""
 
 from typing import Any
 
@@ -28,6 +28,7 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
                 "gradientCheckpointing": True,
                 "microBatchSize": 3,
                 "forwardMicroBatchSize": 5,
+                "offload": {"params": True, "optimizer": True, "perLayer": True, "gradientsOnDevice": True},
             },
             "models.reference": {"dtype": "bfloat16", "microBatchSize": 6, "maxTokensPerMicroBatch": 100},
             "models.actor.microBatchSize": 2,
@@ -39,8 +40,8 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
             "checkpoint.exportHf": False,
             "resources": {
                 "actor": {"replicas": 2, "cpus": 0.5},
-                "critic": {"replicas": 1, "cpus": 0.5},  # another rank count than the actor's
-                "reference": {"replicas": 1, "cpus": 0.5},
+                "critic": {"replicas": 2, "cpus": 0.5},
+                "reference": {"replicas": 1, "cpus": 0.5},  # another rank count than the actor's
             },
         }
     )
@@ -68,15 +69,16 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
     assert [record["step"] for record in run.history] == [1, 2]
     assert all("critic/loss" in record and "kl/mean" in record for record in run.history)
     assert [rank["models"] for rank in hosted["actor"]] == [["actor", "rollout"]] * 2
-    assert [rank["models"] for rank in hosted["critic"]] == [["critic"]]
+    assert [rank["models"] for rank in hosted["critic"]] == [["critic"]] * 2
     assert [rank["models"] for rank in hosted["reference"]] == [["reference"]]
     pids = {name: {rank["pid"] for rank in ranks} for name, ranks in hosted.items()}
-    assert len(pids["actor"] | pids["critic"] | pids["reference"]) == 4  # four processes: nothing shared
+    assert len(pids["actor"] | pids["critic"] | pids["reference"]) == 5  # five processes: nothing shared
     for name, ranks in hosted.items():  # each on a unit of its own pool's resource
         assert all(rank["resources"].get(f"kuberl_{name}") == 1 for rank in ranks), ranks
-    # the reference in its own dtype beside the float32 actor; only the critic recomputes activations; only the
-    # actor's FSDP2 shards are in host memory (offload); every trainer's forwards are packed (paddingFree); the
-    # actor and the reference score at their heads (fusedLogProbs), the critic has none
+    # the reference in its own dtype beside the float32 actor; only the critic recomputes activations; the actor's
+    # and the critic's FSDP2 shards are in host memory (offload): the actor's gathered for each optimiser step,
+    # the critic's layer by layer with its gradients kept for the step; every trainer's forwards are packed
+    # (paddingFree); the actor and the reference score at their heads (fusedLogProbs), the critic has none
     assert hosted["reference"][0]["trainers"]["reference"]["dtype"] == "bfloat16"
     assert hosted["reference"][0]["trainers"]["reference"]["fused_log_probs"] is True
     assert hosted["actor"][0]["trainers"]["actor"] == {
@@ -84,20 +86,22 @@ def test_ppo_with_critic_and_reference_pools_runs_them_as_groups_of_their_own(ra
         "gradient_checkpointing": False,
         "offloaded_to_cpu": True,
         "offload_gathers_per_step": True,  # perLayer: false, on 2 ranks too: the update keeps the gathered model
+        "offload_reduces_per_step": True,  # and its gradients, reduced at a step's last pass
         "padding_free": True,
         "fused_log_probs": True,
     }
     assert hosted["critic"][0]["trainers"]["critic"] == {
         "dtype": "float32",
         "gradient_checkpointing": True,
-        "offloaded_to_cpu": False,
-        "offload_gathers_per_step": False,
+        "offloaded_to_cpu": True,
+        "offload_gathers_per_step": False,  # perLayer: true
+        "offload_reduces_per_step": True,  # gradientsOnDevice: true
         "padding_free": True,
         "fused_log_probs": False,
     }
-    # 8 rows a step: the actor's 2 ranks update 4 rows each in micro-batches of 2, the critic's 1 rank 8 in 3s
+    # 8 rows a step: the actor's 2 ranks update 4 rows each in micro-batches of 2, the critic's in 3s (3 and 1)
     assert {record["actor/micro_batches"] for record in run.history} == {2.0}
-    assert {record["critic/micro_batches"] for record in run.history} == {3.0}
+    assert {record["critic/micro_batches"] for record in run.history} == {2.0}
     # the forward-only passes: values, reference log-probs, and the actor's old log-probs (the KL is in the reward)
     assert forwards == {
         ("compute_values", "critic", 5, None),

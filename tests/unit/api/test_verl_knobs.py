@@ -118,6 +118,23 @@ def test_offloading_per_layer_needs_offloaded_parameters():
     assert parsed.spec.models.actor.offload.per_layer is False
 
 
+def test_gradients_on_device_needs_offloaded_parameters_and_a_model_moved_layer_by_layer_to_be_false():
+    for either in (True, False):
+        problems = problems_of({"models.critic": {"offload": {"gradientsOnDevice": either}}})
+        assert list(problems) == ["spec.models.critic.offload.gradientsOnDevice"]
+        assert "params: true" in problems["spec.models.critic.offload.gradientsOnDevice"]
+    offloaded = {"params": True, "optimizer": True}
+    problems = problems_of(
+        {"models.actor": {"path": "/m", "offload": offloaded | {"perLayer": False, "gradientsOnDevice": False}}}
+    )
+    assert list(problems) == ["spec.models.actor.offload.gradientsOnDevice"]
+    assert "set perLayer: true" in problems["spec.models.actor.offload.gradientsOnDevice"]
+    for per_layer, gradients in ((True, True), (True, False), (False, True), (None, False), (None, True)):
+        fields = offloaded | {"gradientsOnDevice": gradients} | ({} if per_layer is None else {"perLayer": per_layer})
+        parsed = parse_rljob(spec_with({"models.actor": {"path": "/m", "offload": fields}}))
+        assert parsed.spec.models.actor.offload.gradients_on_device is gradients
+
+
 def test_a_lora_actors_own_reference_cannot_be_offloaded_apart():
     lora = {"path": "/m", "lora": {"rank": 4}}
     problems = problems_of({"models.actor": lora, "models.reference": {"offload": {"params": True}}})
