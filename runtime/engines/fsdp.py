@@ -48,7 +48,7 @@ from kuberl.runtime.models.attention_masks import (
     packed_mask,
     padded_mask,
 )
-from kuberl.runtime.models.lora import adapters_off, transformers_model
+from kuberl.runtime.models.lora import adapters_off, model_name, transformers_model
 from kuberl.runtime.models.scoring_head import (
     FIELD,
     HeadScoring,
@@ -172,7 +172,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     backbone = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
     layers = getattr(backbone, "layers", None)
     if layers is None:
-        raise ValueError(f"{type(model).__name__}: no decoder layers found at .model.layers")
+        raise ValueError(f"{model_name(model)}: no decoder layers found at .model.layers")
     return list(layers)
 
 

@@ -104,6 +104,24 @@ def transformers_model(model: Any) -> Any:
     return get_base_model() if callable(get_base_model) else model
 
 
+def model_name(model: Any) -> str:
+    """The name of the transformers class inside `model`, for messages: a PEFT model's base's, and not the class
+    FSDP2's fully_shard swaps in (`FSDPQwen2ForCausalLM`, a subclass of FSDPModule and the model's own class).
+
+    >>> from torch.distributed.fsdp import FSDPModule
+    >>> class Qwen2ForCausalLM(torch.nn.Module): ...
+    >>> FSDPQwen2ForCausalLM = type("FSDPQwen2ForCausalLM", (FSDPModule, Qwen2ForCausalLM), {})
+    >>> model_name(Qwen2ForCausalLM()), model_name(FSDPQwen2ForCausalLM())
+    ('Qwen2ForCausalLM', 'Qwen2ForCausalLM')
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(transformers_model(model))
+    if issubclass(cls, FSDPModule):
+        cls = next(base for base in cls.__mro__[1:] if not issubclass(base, FSDPModule))
+    return cls.__name__
+
+
 @contextlib.contextmanager
 def adapters_off(model: torch.nn.Module) -> Iterator[None]:
     """The base model for the length of the block: every LoRA layer skips its adapter.

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from kuberl.runtime.algorithms.token_scores import CHUNK_ELEMENTS, head_token_scores
-from kuberl.runtime.models.lora import transformers_model
+from kuberl.runtime.models.lora import model_name, transformers_model
 
 FIELD = "training.fusedLogProbs"
 
@@ -56,7 +56,7 @@ def why_head_cannot_score(model: Any, takes_logits_to_keep: bool) -> str | None:
     """Why `model`'s head cannot score a forward pass's tokens (None when it can): it must be a plain linear layer
     without bias, and the forward must take `logits_to_keep` (the head then sees only the scored positions)."""
     head = output_head(model)
-    name = type(model).__name__
+    name = model_name(model)
     if head is None:
         return f"{name} has no LM head (get_output_embeddings() is None)"
     if type(head) is not torch.nn.Linear:
@@ -105,7 +105,7 @@ def scores_out_of(logits: Tensor, made: list[Tensor], model: Any) -> Tensor:
     them after the head (a logit scale, softcapping) is refused, naming the field that asked for scoring."""
     if len(made) != 1 or logits is not made[0]:
         raise ValueError(
-            f"{FIELD}: {type(model).__name__}'s forward changes its LM head's output (a logit scale, softcapping or "
+            f"{FIELD}: {model_name(model)}'s forward changes its LM head's output (a logit scale, softcapping or "
             f"a vocabulary cut), which log-probs computed from the head's input would leave out: set {FIELD}: false "
             "for this model"
         )
