@@ -39,6 +39,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -57,16 +58,23 @@ VLLM_ITEMS = ("sleep/wake", "sync", "rollout")
 
 
 # -- the plan (no GPU needed) ------------------------------------------------------------------------
-def trainer_items() -> list[tuple[str, str]]:
-    """(item, workload) of the trainer rows, in the order they run."""
-    from trainer_rows import TRAINER_ITEMS
+def trainer_items(sizes: list[str]) -> list[tuple[str, Callable[..., Any], str, str]]:
+    """(item, its function, workload, model) of the trainer rows, in the order they run: the update's workloads
+    on the largest model, the others on the smallest; a workload named for the larger model (the packing rows
+    again, where passes keep the GPU busier) only when there are two sizes, or in --smoke's run on its one model,
+    which runs every function."""
+    from trainer_rows import LARGER_MODEL, TRAINER_ITEMS
 
-    return [(item, workload) for item, _, workload in TRAINER_ITEMS]
+    return [
+        (item, measure, workload, sizes[-1] if workload in ("update", LARGER_MODEL) else sizes[0])
+        for item, measure, workload in TRAINER_ITEMS
+        if workload != LARGER_MODEL or len(set(sizes)) > 1 or sizes == [SMOKE_MODEL]
+    ]
 
 
 def planned_items(sizes: list[str], gpus: int) -> list[tuple[str, str]]:
     """(item, model) in the order they run; what --dry-run prints."""
-    items = [(item, sizes[-1] if workload == "update" else sizes[0]) for item, workload in trainer_items()]
+    items = [(item, size) for item, _, _, size in trainer_items(sizes)]
     items += [(item, size) for size in sizes for item in VLLM_ITEMS]
     items += [("grpo step vs TRL", sizes[0]), ("fsdp2 nccl, 2 ranks", sizes[-1]), ("colocated vLLM, TP 2", sizes[-1])]
     items += [("separate rollout pool", sizes[0])]
@@ -456,7 +464,7 @@ class Environment:
 def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool, rows: list[Row], made: Callable[[], None]) -> None:
     """Measures every row into `rows`, calling `made` after each item (a run cut short keeps what it measured)."""
     import torch
-    from trainer_rows import TRAINER_ITEMS, Case, process_group
+    from trainer_rows import LARGER_MODEL, Case, process_group
 
     cuda = torch.cuda.is_available() and not smoke
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -480,7 +488,7 @@ def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool, rows: list[R
     dirs = {size: build_model(configs[size], workdir / f"model-{size}", str(device)) for size in sizes}
     # the offload rows: the update's batch (#38's shape: 32 x 1024 tokens, 8 passes) on the smaller model
     works = {"update": SMOKE if smoke else UPDATE, "packing": SMOKE_PACKING if smoke else PACKING}
-    works["offload"] = works["update"]
+    works["offload"], works[LARGER_MODEL] = works["update"], works["packing"]
     env = Environment(
         vocab=configs[sizes[0]].vocab_size,
         peak=peak_flops(torch.cuda.get_device_name()) if cuda else None,
@@ -489,8 +497,7 @@ def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool, rows: list[R
         ),
     )
     with process_group(device):
-        for item, measure, workload in TRAINER_ITEMS:
-            size = sizes[-1] if workload == "update" else sizes[0]
+        for item, measure, workload, size in trainer_items(sizes):
             case = Case(dirs[size], size, device, works[workload], repeats, env)
             attempt(item, size, lambda measure=measure, case=case: measure(case))
     vllm_reason = "vLLM is not installed here" if missing_modules("vllm") else None if cuda else NO_CUDA

@@ -60,6 +60,15 @@ def test_step_seconds_is_the_median_interval_after_the_first_step() -> None:
     assert suite.step_seconds([{"end": 10.0}, {"end": 12.0}, {"end": 15.0}, {"end": 16.0}]) == 2.0
 
 
+def test_the_packing_rows_run_again_on_the_larger_model_only_when_there_is_one() -> None:
+    def planned(sizes: list[str]) -> list[str]:
+        return [size for item, size in suite.planned_items(sizes, 0) if item == "padding-free update"]
+
+    assert planned(["0.5B", "1.5B"]) == ["0.5B", "1.5B"]
+    assert planned(["0.5B"]) == ["0.5B"]  # once, not twice on the same model
+    assert planned([suite.SMOKE_MODEL]) == [suite.SMOKE_MODEL] * 2  # --smoke runs every function
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the script measures instead")
 def test_the_script_without_cuda_prints_the_plan_with_every_row_skipped_and_why() -> None:
     run = subprocess.run(
@@ -107,7 +116,7 @@ def test_every_trainer_row_runs_without_vllm_or_ray(tmp_path) -> None:
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = {row["item"]: row for row in json.loads((tmp_path / "rows.json").read_text())}
-    trainer_items = [item for item, _ in suite.trainer_items()]
+    trainer_items = [item for item, *_ in suite.trainer_items([suite.SMOKE_MODEL])]
     for item, row in rows.items():
         if item in trainer_items or item.startswith(tuple(trainer_items)):
             assert row["status"] not in (FAILED, SKIPPED) or item == "update MFU", (item, row)
