@@ -728,6 +728,19 @@ class TrainingSpec(KuberlModel):
         "unchanged: a model that scales or softcaps its logits after the head (Gemma 2, Cohere, Granite) is refused "
         "at its first forward pass, naming this field. verl: actor_rollout_ref.model.use_fused_kernels.",
     )
+    compile: bool = Field(
+        False,
+        description="Compile each decoder layer's forward with torch.compile (inductor), as torchtitan compiles its "
+        "blocks: the layer's normalisations, rotary embedding, gated MLP and residual adds run as a few fused "
+        "kernels instead of dozens, fewer kernel launches and fewer tensors kept for the backward. Only the forward "
+        "is compiled: parameter names, checkpoints, weight syncs, FSDP2's sharding and gradient checkpointing stay "
+        "as they are. Applies to every trainer: actor, critic, reference. The first passes pay for compiling: once "
+        "for each kind of pass (with and without gradients, padded or packed), and once more when the widths "
+        "change, after which sizes are dynamic; on this project's 2-core CPU that is seconds to a minute per kind, "
+        "more for a large model. Off by default until its speed on a GPU is measured (bench/README.md). verl's "
+        "use_torch_compile compiles its log-prob and entropy functions instead, which kuberl computes a slice at a "
+        "time without it.",
+    )
     step_timeout_seconds: float = Field(
         3600.0,
         gt=0,

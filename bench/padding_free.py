@@ -31,7 +31,7 @@ from kuberl.runtime.engines.updates import UpdateConfig, update_policy
 PROMPT_WIDTH, VOCAB = 64, 8192
 
 
-def model(hidden: int) -> torch.nn.Module:
+def model(hidden: int, layers: int = 4) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
@@ -39,7 +39,7 @@ def model(hidden: int) -> torch.nn.Module:
         vocab_size=VOCAB,
         hidden_size=hidden,
         intermediate_size=hidden * 11 // 4,
-        num_hidden_layers=4,
+        num_hidden_layers=layers,
         num_attention_heads=8,
         num_key_value_heads=4,
         tie_word_embeddings=True,
@@ -87,17 +87,7 @@ def main() -> None:
         f"load {os.getloadavg()[0]:.2f}, threads {args.threads}, {args.rows} rows x {batch.input_ids.shape[1]} "
         f"positions: {real} real tokens, padding {1 - real / total:.0%} of the batch"
     )
-    config = UpdateConfig(
-        ppo_epochs=1,
-        mini_batches=1,
-        micro_batch_size=args.micro,
-        world_size=1,
-        temperature=1.0,
-        aggregation="token_mean",
-        max_response_length=batch.response_ids.shape[1],
-        policy_loss="ppo_clip",
-        loss_config=PolicyLossConfig(),
-    )
+    config = update_config(batch, args.micro)
     trainers = {
         mode: FSDPTrainer(
             model(args.hidden),
@@ -109,23 +99,48 @@ def main() -> None:
         )
         for mode in ("padded", "packed")
     }
+    compare(trainers, batch, config, args.rounds, args.micro)
+
+
+def update_config(batch: RolloutBatch, micro: int) -> UpdateConfig:
+    """One on-policy-shaped PPO update of the whole batch in micro-batches of `micro` rows, token mean."""
+    return UpdateConfig(
+        ppo_epochs=1,
+        mini_batches=1,
+        micro_batch_size=micro,
+        world_size=1,
+        temperature=1.0,
+        aggregation="token_mean",
+        max_response_length=batch.response_ids.shape[1],
+        policy_loss="ppo_clip",
+        loss_config=PolicyLossConfig(),
+    )
+
+
+def compare(
+    trainers: dict[str, FSDPTrainer], batch: RolloutBatch, config: UpdateConfig, rounds: int, micro: int
+) -> None:
+    """Times each trainer's old-log-prob forward and update, alternating in every round, and prints the best and
+    the median seconds of each, the first trainer's over the second's, and how far their log-probs are apart."""
+    first, second = trainers
     seconds: dict[tuple[str, str], list[float]] = {}
     logprobs: dict[str, torch.Tensor] = {}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for mode, trainer in trainers.items():
             started = time.perf_counter()
-            logprobs[mode] = trainer.logprobs(forward_input(batch), 1.0, args.micro)
+            logprobs[mode] = trainer.logprobs(forward_input(batch), 1.0, micro)
             forwarded = time.perf_counter()
             update_policy(trainer, batch, config)
             seconds.setdefault(("forward", mode), []).append(forwarded - started)
             seconds.setdefault(("update", mode), []).append(time.perf_counter() - forwarded)
-    difference = float(((logprobs["padded"] - logprobs["packed"]) * batch.response_mask).abs().max())
-    print(f"{'work':<8} {'figure':<7} {'padded s':>9} {'packed s':>9} {'padded/packed':>14}")
+    difference = float(((logprobs[first] - logprobs[second]) * batch.response_mask).abs().max())
+    ratio = f"{first}/{second}"
+    print(f"{'work':<8} {'figure':<7} {first + ' s':>11} {second + ' s':>11} {ratio:>17}")
     for work in ("forward", "update"):
         for figure, reduce in (("best", min), ("median", statistics.median)):
-            padded, packed = (reduce(seconds[(work, mode)]) for mode in ("padded", "packed"))
-            print(f"{work:<8} {figure:<7} {padded:>9.3f} {packed:>9.3f} {padded / packed:>13.2f}x")
-    print(f"largest log-prob difference, padded vs packed, in the last round: {difference:.1e}")
+            mine, theirs = (reduce(seconds[(work, mode)]) for mode in (first, second))
+            print(f"{work:<8} {figure:<7} {mine:>11.3f} {theirs:>11.3f} {mine / theirs:>16.2f}x")
+    print(f"largest log-prob difference, {first} vs {second}, in the last round: {difference:.1e}")
 
 
 if __name__ == "__main__":

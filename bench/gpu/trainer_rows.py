@@ -27,6 +27,9 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
 - critic update: `update_critic` on a value head, against the actor's update on the same batch.
 - KL in the loss: the update with k3 KL in the loss against the same without. Aim <= 1.1x.
 - reference log-probs: `FSDPTrainer.logprobs` against a plain no-grad forward. Aim <= 1.1x.
+- update, compiled: the update with training.compile (each decoder layer's forward compiled by inductor) against
+  the same trainer eager, aim <= 1.0x; the first update's time (the compiling) and its MFU in the note. Last of
+  the trainer rows: a run cut short by its time limit loses only it.
 - token scores: log-probs (and entropies) of one pass's response tokens from bf16 logits, forward and backward, in
   float32 a slice at a time (algorithms/token_scores.py, what the trainer runs) against float32 over the whole
   logits (what it ran before); time and peak memory, no aim.
@@ -51,7 +54,7 @@ import torch
 from plain import PlainUpdate, peft_model, plain_logprobs
 from qwen import shape
 from table import FAILED, OK, Row, judge, skipped
-from workloads import GIB, Workload, alternate, gib, host_batch
+from workloads import GIB, Workload, alternate, gib, host_batch, synchronize
 
 LORA_RANK, LORA_ALPHA = 16, 32
 
@@ -228,6 +231,24 @@ def update_rows(case: Case) -> list[Row]:
         note += f"the count's head over the prompt, which kuberl skips: {100 * skipped_share:.1f}% of it"
         rows.append(judge(Row("update MFU", case.size, value, "%", aim=">= 30%", note=note)))
     return rows
+
+
+def compiled_rows(case: Case) -> list[Row]:
+    """training.compile: the update with each decoder layer's forward compiled (models/layers.py) against the same
+    trainer eager; the first update's time (the compiling) and both peaks in the note, and the compiled update's
+    MFU (aim 40% in #38, beyond plain PyTorch's eager 30%)."""
+    batch, config, work = case.batch(), update_config(case.work), case.work
+    eager, compiled = case.trainer(), case.trainer(compile_layers=True)
+    synchronize(case.device)
+    started = time.perf_counter()
+    updating(compiled, batch, config)()  # compiles: once with gradients, at this batch's one shape
+    synchronize(case.device)
+    first = time.perf_counter() - started
+    fast, slow = case.alternate(updating(compiled, batch, config), updating(eager, batch, config))
+    note = f"first update {first:.0f} s (compiling); peak {gib(fast.peak_bytes)}, eager {gib(slow.peak_bytes)}"
+    if case.env.peak is not None:
+        note += f"; MFU {100.0 * case.env.update_flops(case.size, work) / fast.seconds / case.env.peak:.1f}%"
+    return [judge(Row("update, compiled", case.size, fast.seconds, "s", slow.seconds, "eager s", "<= 1.0x", note=note))]
 
 
 def lora_rows(case: Case) -> list[Row]:
@@ -467,4 +488,5 @@ TRAINER_ITEMS = (
     ("token scores", token_score_rows, "update"),
     ("checkpoint save + load", checkpoint_rows, "packing"),
     ("hf engine", hf_engine_rows, "packing"),
+    ("update, compiled", compiled_rows, "update"),  # last: its first update compiles (a minute or so)
 )

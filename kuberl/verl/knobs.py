@@ -33,6 +33,11 @@ ROLLOUT = "actor_rollout_ref.rollout"
 MODEL = "actor_rollout_ref.model"
 REF = "actor_rollout_ref.ref"
 CRITIC_MODEL = "critic.model"
+#: verl's use_torch_compile compiles its log-prob and entropy functions, not the model
+COMPILE_LOST = (
+    "verl compiles its log-prob and entropy functions; kuberl computes them a slice at a time, uncompiled "
+    "(training.compile compiles the decoder layers instead, a different switch: set it yourself if you want it)"
+)
 
 
 @dataclass(frozen=True)
@@ -304,8 +309,8 @@ KNOBS: dict[str, Carry | Lose] = {
     f"{ACTOR}.ulysses_sequence_parallel_size": Lose("sequence parallelism is not in kuberl", False, _one),
     f"{REF}.ulysses_sequence_parallel_size": Lose("sequence parallelism is not in kuberl", False, _one),
     "critic.ulysses_sequence_parallel_size": Lose("sequence parallelism is not in kuberl", False, _one),
-    f"{ACTOR}.use_torch_compile": Lose("kuberl does not torch.compile the trainer", False),
-    f"{REF}.use_torch_compile": Lose("kuberl does not torch.compile the reference", False),
+    f"{ACTOR}.use_torch_compile": Lose(COMPILE_LOST, False),
+    f"{REF}.use_torch_compile": Lose(COMPILE_LOST, False),
     # what these two switch on, kuberl always does (algorithms/token_scores.py): nothing to report either way
     f"{ACTOR}.entropy_checkpointing": Lose("the entropy's softmax is always recomputed in backward", False, _any),
     f"{ACTOR}.entropy_from_logits_with_chunking": Lose("the entropy is always computed in slices", False, _any),

@@ -15,7 +15,8 @@ CPUOffloadPolicy); an update gathers the model for its passes and reduces its gr
 With training.paddingFree each micro-batch runs packed, without its padding (engines/packing.py);
 models.<role>.maxTokensPerMicroBatch cuts micro-batches by tokens (engines/micro_batches.py). With
 training.fusedLogProbs the LM head scores the response tokens from its input inside the forward, a slice of
-tokens at a time, and the pass's logits are never made whole (models/scoring_head.py).
+tokens at a time, and the pass's logits are never made whole (models/scoring_head.py). With training.compile each
+decoder layer's forward is compiled by torch.compile (models/layers.py).
 
 A LoRA actor (`models.lora`) is a PEFT model: FSDP2 shards it the same way (the decoder layers are
 the wrapped model's), only the adapters require gradients, and only they get optimiser state.
@@ -48,7 +49,8 @@ from kuberl.runtime.models.attention_masks import (
     packed_mask,
     padded_mask,
 )
-from kuberl.runtime.models.lora import adapters_off, model_name, transformers_model
+from kuberl.runtime.models.layers import compile_decoder_layers, decoder_layers
+from kuberl.runtime.models.lora import adapters_off, transformers_model
 from kuberl.runtime.models.scoring_head import (
     FIELD,
     HeadScoring,
@@ -165,15 +167,6 @@ def offloaded_to_cpu(model: torch.nn.Module) -> bool:
         for fsdp_param in group.fsdp_params
     ]
     return bool(flags) and all(flags)
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    model = transformers_model(model)  # a PEFT (LoRA) model's layers are the wrapped model's
-    backbone = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
-    layers = getattr(backbone, "layers", None)
-    if layers is None:
-        raise ValueError(f"{model_name(model)}: no decoder layers found at .model.layers")
-    return list(layers)
 
 
 def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
@@ -325,6 +318,7 @@ class FSDPTrainer:
         padding_free: bool = False,
         frozen_in_compute_dtype: bool = False,
         fused_log_probs: bool = False,
+        compile_layers: bool = False,
     ) -> None:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers PreTrainedModel
@@ -367,6 +361,8 @@ class FSDPTrainer:
             if reason is not None:
                 raise ValueError(f"{FIELD}: {reason}, so it cannot score from its input: set it to false")
             self.scoring_head = output_head(model)
+        #: training.compile: each decoder layer's forward compiled by torch.compile (models/layers.py)
+        self.compiled_layers = compile_decoder_layers(self.model) if compile_layers else 0
 
     # -- forward passes -------------------------------------------------------------------------
     def _autocast(self, full_precision: bool = False) -> contextlib.AbstractContextManager[Any]:

@@ -189,6 +189,7 @@ class ModelWorker:
                 "offload_reduces_per_step": trainer.reduces_per_step,
                 "padding_free": trainer.padding_free,
                 "fused_log_probs": trainer.scoring_head is not None,
+                "compiled_layers": trainer.compiled_layers,
             }
             for role, trainer in self.trainers.items()
         }
@@ -243,6 +244,7 @@ class ModelWorker:
             offload_gradients_on_device=offload_gradients_on_device,
             padding_free=padding_free,
             fused_log_probs=self.job.spec.training.fused_log_probs,
+            compile_layers=self.job.spec.training.compile,
             frozen_in_compute_dtype=keeps_frozen_in_compute_dtype(
                 optim is not None, lora is not None, compute, rollout
             ),

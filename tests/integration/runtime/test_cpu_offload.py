@@ -25,8 +25,9 @@ from torch.distributed.tensor import DTensor
 
 from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.checkpoint.state import load_trainer_state, save_trainer_state
-from kuberl.runtime.engines.fsdp import FSDPTrainer, decoder_layers, offloaded_to_cpu
+from kuberl.runtime.engines.fsdp import FSDPTrainer, offloaded_to_cpu
 from kuberl.runtime.engines.updates import UpdateConfig, update_policy
+from kuberl.runtime.models.layers import decoder_layers
 from tests.integration.runtime.rank_pool import RankPool
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, layout, make_batch, tiny_model
 

@@ -20,11 +20,13 @@ from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.fsdp import FSDPTrainer, position_ids
 from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.engines.updates import UpdateConfig, update_policy
+from kuberl.runtime.models.layers import compiled_layers
 from tests.integration.runtime.rank_pool import RankPool
 
 pytestmark = pytest.mark.integration
 
 N, P, R, VOCAB = 8, 5, 6, 64
+VARIANTS = ["logits", "fusedLogProbs", "compile"]
 #: grad_clip below every step's gradient norm here (0.09 to 0.22), so each step clips, by the norm over both ranks'
 #: shards in the two-rank update (engines/grad_norm.py)
 OPTIM = OptimizerSpec(lr=0.5, grad_clip=0.05)
@@ -88,7 +90,7 @@ def layout(batch: RolloutBatch, world: int, minis: int) -> RolloutBatch:
     return batch.select([m * mini_rows + r * part + i for r in range(world) for m in range(minis) for i in range(part)])
 
 
-def fsdp_rank(rank: int, world: int, rendezvous: str, out: str, fused: bool = False) -> None:
+def fsdp_rank(rank: int, world: int, rendezvous: str, out: str, fused: bool = False, compiled: bool = False) -> None:
     import torch.distributed as dist
 
     from kuberl.runtime.models import scoring_head
@@ -98,13 +100,19 @@ def fsdp_rank(rank: int, world: int, rendezvous: str, out: str, fused: bool = Fa
     torch.set_num_threads(1)
     scoring_head.CHUNK_ELEMENTS = 3 * VOCAB  # fused: slices of 3 tokens, so each pass has several
     trainer = FSDPTrainer(
-        tiny_model(), world_size=world, device=torch.device("cpu"), optim=OPTIM, total_steps=10, fused_log_probs=fused
-    )
+        tiny_model(), world_size=world, device=torch.device("cpu"), optim=OPTIM, total_steps=10,
+        fused_log_probs=fused, compile_layers=compiled,
+    )  # fmt: skip
     assert (trainer.scoring_head is not None) == fused
+    assert compiled_layers(trainer.model) == (2 if compiled else 0)
     trainer.optimizer = sgd(trainer.model.parameters())
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda _: 1.0)
     shard = layout(make_batch(), world, CONFIG["mini_batches"]).shard(world)[rank]
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # this pooled process's so far
     update_policy(trainer, shard, UpdateConfig(world_size=world, **CONFIG))
+    if compiled:  # the layers ran compiled code, whole: no graph break split them
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+        assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
     weights = {name: tensor.clone() for name, tensor in trainer.full_tensors()}
     if rank == 0:
         torch.save(weights, out)
@@ -135,12 +143,15 @@ def reference_update() -> dict[str, torch.Tensor]:
     return {name: param.detach().clone() for name, param in model.named_parameters()}
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["logits", "fusedLogProbs"])
-def test_two_rank_fsdp_update_equals_single_process_reference(tmp_path: Path, rank_pool: RankPool, fused: bool):
+@pytest.mark.parametrize("fused, compiled", [(False, False), (True, False), (False, True)], ids=VARIANTS)
+def test_two_rank_fsdp_update_equals_single_process_reference(
+    tmp_path: Path, rank_pool: RankPool, fused: bool, compiled: bool
+):
     """fusedLogProbs: the head scores from its input inside the sharded root's forward, and its weight's gradient
-    (the root unit's) is reduced over the ranks like every other."""
+    (the root unit's) is reduced over the ranks like every other. compile: each decoder layer's forward compiled
+    (inductor) between FSDP2's gather and reshard hooks, whose gathered weights its backward reads."""
     out = tmp_path / "fsdp.pt"
-    rank_pool.run(fsdp_rank, 2, 2, str(tmp_path / "rendezvous"), str(out), fused)
+    rank_pool.run(fsdp_rank, 2, 2, str(tmp_path / "rendezvous"), str(out), fused, compiled)
     sharded = torch.load(out)
     reference = reference_update()
     initial = {name: param.detach() for name, param in tiny_model().named_parameters()}

@@ -273,6 +273,34 @@ def test_an_update_waits_for_the_gpu_as_often_with_four_times_the_passes(device:
     assert four_passes == one_pass, f"{four_passes} waits with 4 passes per mini-batch, {one_pass} with 1"
 
 
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("device", [ON_CUDA])
+def test_compiled_layers_on_the_gpu_score_as_the_eager_ones_and_train(device: str, padding_free: bool) -> None:
+    """training.compile on a GPU in bf16 under autocast: each decoder layer's forward compiled by inductor into
+    Triton kernels (FlexAttention compiled inside it when packed). Its log-probs equal the eager model's within the
+    engine's bounds (a fused kernel keeps intermediates in fp32 where eager rounds each to bf16), and its update
+    trains. The CPU's compiled path is held to float32 rounding in test_compiled_layers.py."""
+    on, batch = torch.device(device), make_batch()
+    fwd, mask = forward_input(batch), batch.response_mask.bool()
+    logprobs = {}
+    with one_rank(on):
+        for compiled in (False, True):
+            model = flex_sized_model()
+            attention = attention_implementation(on.type, padding_free, head_dim=head_dim_of(model.config))
+            if attention is not None:
+                model.set_attn_implementation(attention)
+            trainer = trainer_on(
+                on, model, compute_dtype=torch.bfloat16, padding_free=padding_free, compile_layers=compiled
+            )
+            logprobs[compiled] = trainer.logprobs(fwd, 1.0, 2).cpu()[mask]
+        before = {name: tensor.clone() for name, tensor in weights(trainer).items()}  # the compiled one's
+        metrics = update_policy(trainer, batch, UpdateConfig(world_size=1, **CONFIG))
+        assert trainer.compiled_layers == 2 and torch.isfinite(torch.tensor(metrics["actor/loss"]))
+        assert largest_difference(before, weights(trainer)) > 1e-3
+    apart = (logprobs[True] - logprobs[False]).abs()
+    assert float(apart.mean()) < MEAN_TOLERANCE and float(apart.max()) < MAX_TOLERANCE
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_lora_update_over_a_bf16_base_equals_the_one_over_an_fp32_base(device: str) -> None:
     """A LoRA actor computing in bf16 beside a bf16 engine stores its frozen base in bf16 (#38: as plain PEFT
