@@ -6,6 +6,7 @@ One table at the end.
     bash bench/gpu/run.sh --models 0.5B      # one model
     bash bench/gpu/run.sh --dry-run          # no GPU work: the plan, the models' sizes, every row skipped
     bash bench/gpu/run.sh --smoke            # every row this machine can run, on a tiny model, on the CPU
+    bash bench/gpu/run.sh --item "update, compiled" --item "offload update"   # only these trainer items
 
 Needs torch, transformers and peft; nothing of the project is installed (run.sh puts the source on the path and
 pydantic's wheels, when the machine lacks pydantic, from bench/gpu/wheels: see run.sh). Models are Qwen2.5-0.5B
@@ -55,6 +56,7 @@ GIB = 2**30
 NO_CUDA = "no CUDA device on this machine"
 SMOKE_MODEL = "smoke"
 VLLM_ITEMS = ("sleep/wake", "sync", "rollout")
+NOT_ASKED = "not asked for (--item)"
 
 
 # -- the plan (no GPU needed) ------------------------------------------------------------------------
@@ -461,10 +463,25 @@ class Environment:
         return self.flops_per_update(size, work)
 
 
-def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool, rows: list[Row], made: Callable[[], None]) -> None:
-    """Measures every row into `rows`, calling `made` after each item (a run cut short keeps what it measured)."""
+def run(
+    sizes: list[str],
+    workdir: Path,
+    repeats: int,
+    smoke: bool,
+    rows: list[Row],
+    made: Callable[[], None],
+    items: set[str] | None = None,
+) -> None:
+    """Measures every row into `rows`, calling `made` after each item (a run cut short keeps what it measured);
+    with `items` (--item), only those items, the others skipped as not asked for."""
     import torch
     from trainer_rows import LARGER_MODEL, Case, process_group
+
+    def asked(*names: str) -> bool:
+        return items is None or any(name in items for name in names)
+
+    planned = trainer_items(sizes)
+    needed = {size for item, _, _, size in planned if asked(item)} if items is not None else set(sizes)  # built
 
     cuda = torch.cuda.is_available() and not smoke
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -485,7 +502,9 @@ def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool, rows: list[R
         made()
 
     configs = {size: smoke_config() if smoke else qwen25_config(size) for size in sizes}
-    dirs = {size: build_model(configs[size], workdir / f"model-{size}", str(device)) for size in sizes}
+    dirs = {
+        size: build_model(configs[size], workdir / f"model-{size}", str(device)) for size in sizes if size in needed
+    }
     # the offload rows: the update's batch (#38's shape: 32 x 1024 tokens, 8 passes) on the smaller model
     works = {"update": SMOKE if smoke else UPDATE, "packing": SMOKE_PACKING if smoke else PACKING}
     works["offload"], works[LARGER_MODEL] = works["update"], works["packing"]
@@ -497,9 +516,15 @@ def run(sizes: list[str], workdir: Path, repeats: int, smoke: bool, rows: list[R
         ),
     )
     with process_group(device):
-        for item, measure, workload, size in trainer_items(sizes):
+        for item, measure, workload, size in planned:
+            if not asked(item):
+                rows.append(skipped(item, size, NOT_ASKED))
+                continue
             case = Case(dirs[size], size, device, works[workload], repeats, env)
             attempt(item, size, lambda measure=measure, case=case: measure(case))
+    if items is not None:  # --item names trainer items: the rest of the plan is not asked for
+        rows.extend(skipped(item, size, NOT_ASKED) for item, size in planned_items(sizes, gpus)[len(planned) :])
+        return
     vllm_reason = "vLLM is not installed here" if missing_modules("vllm") else None if cuda else NO_CUDA
     for size in sizes:
         if vllm_reason:
@@ -524,6 +549,12 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke", action="store_true", help="every row on a tiny model on the CPU (a test of the suite)"
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--item",
+        action="append",
+        help="measure only this trainer item (repeatable; the names of --dry-run's first column, e.g. "
+        "'update, compiled'): a lent GPU's minutes go to the rows in question",
+    )
     args = parser.parse_args(argv)
     sizes = [s for s in args.models.split(",") if s]
     unknown = [s for s in sizes if s not in QWEN25]
@@ -531,6 +562,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--models: unknown {unknown or 'none given'}; known: {', '.join(QWEN25)}")
     if args.smoke:
         sizes = [SMOKE_MODEL]
+    items = set(args.item) if args.item else None
+    known = {item for item, *_ in trainer_items(sizes)}
+    if items is not None and items - known:
+        parser.error(f"--item: unknown {sorted(items - known)}; the trainer items: {', '.join(sorted(known))}")
     cuda = _cuda_available()
     rows: list[Row] = []
 
@@ -544,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             with tempfile.TemporaryDirectory(prefix="kuberl-gpu-suite-") as scratch:
-                run(sizes, args.workdir or Path(scratch), 1 if args.smoke else args.repeats, args.smoke, rows, save)
+                repeats = 1 if args.smoke else args.repeats
+                run(sizes, args.workdir or Path(scratch), repeats, args.smoke, rows, save, items)
         except KeyboardInterrupt:  # run.sh's time limit: the table of what was measured, marked as cut short
             interrupted = True
     print(format_table(rows))

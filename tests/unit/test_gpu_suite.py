@@ -132,13 +132,43 @@ def test_every_trainer_row_runs_without_vllm_or_ray(tmp_path) -> None:
     assert all(rows[item]["status"] == SKIPPED for item in ("sleep/wake", "sync", "rollout"))
 
 
+def test_only_the_trainer_items_asked_for_are_measured(tmp_path) -> None:
+    """--item: a lent GPU's minutes go to the rows in question; every other row is skipped, saying why."""
+    asked = "KL in the loss (k3)"
+    run = subprocess.run(
+        [
+            "bash",
+            str(REPO / "bench" / "gpu" / "run.sh"),
+            "--smoke",
+            "--item",
+            asked,
+            "--json",
+            str(tmp_path / "rows.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [row["item"] for row in rows if row["status"] != SKIPPED] == [asked]
+    assert all(row["note"] == suite.NOT_ASKED for row in rows if row["item"] != asked)
+    unknown = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu" / "run.sh"), "--dry-run", "--item", "update,compiled"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unknown.returncode == 2 and "--item: unknown ['update,compiled']" in unknown.stderr
+
+
 def test_a_suite_cut_short_by_its_time_limit_prints_and_saves_the_rows_it_measured(
     tmp_path, monkeypatch, capsys
 ) -> None:
     """run.sh interrupts the suite at its limit (SIGINT): a lent GPU's call has a limit too, and the rows measured
     before it must come back, marked as cut short, with a failing exit status."""
 
-    def measured_one_then_interrupted(sizes, workdir, repeats, smoke, rows, made) -> None:
+    def measured_one_then_interrupted(sizes, workdir, repeats, smoke, rows, made, items) -> None:
         rows.append(Row("update", "smoke", 1.0, "s", 1.0, "plain s", "<= 1.0x"))
         made()
         assert json.loads((tmp_path / "rows.json").read_text())[0]["item"] == "update"  # saved as it was made
