@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kuberl.runtime.algorithms.correction import CorrectionConfig, rollout_correction
@@ -34,6 +35,7 @@ from kuberl.runtime.engines.base import EngineAsleepError, SleepState
 from kuberl.runtime.engines.fsdp import FSDPTrainer, adamw_implementation, indexed, process_group_backend
 from kuberl.runtime.engines.sampling import generator_device
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
+from kuberl.runtime.models.layers import compile_decoder_layers
 from kuberl.runtime.models.loading import VALUE_MODEL
 from kuberl.runtime.workers.model_worker import ModelWorker
 from tests.unit.runtime.loop.recording import train_one_step
@@ -296,6 +298,18 @@ def test_a_transformers_model_updates_on_another_device_without_reading_its_mask
     critic = MetaDeviceTrainer(qwen2(critic=True), padding_free=padding_free)
     update_critic(critic, host_batch(with_critic_targets=True), config())
     assert critic.optimizer_steps == 4 and len(critic.host_reads) == 1
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+def test_compiled_layers_update_on_another_device_without_reading_on_the_host(padding_free: bool) -> None:
+    """training.compile: the layers' compiled forwards (traced by dynamo, differentiated by AOT autograd) read
+    nothing on the host either; aot_eager, since inductor generates no code for meta."""
+    trainer = MetaDeviceTrainer(qwen2(), padding_free=padding_free)
+    assert compile_decoder_layers(trainer.model, backend="aot_eager") == 2
+    counters.clear()
+    update_policy(trainer, host_batch(), config())
+    assert trainer.optimizer_steps == 4 and len(trainer.host_reads) == 1
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
 
 
 @pytest.fixture
