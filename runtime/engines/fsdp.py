@@ -361,8 +361,8 @@ class FSDPTrainer:
             if reason is not None:
                 raise ValueError(f"{FIELD}: {reason}, so it cannot score from its input: set it to false")
             self.scoring_head = output_head(model)
-        #: training.compile: each decoder layer's forward compiled by torch.compile (models/layers.py)
-        self.compiled_layers = compile_decoder_layers(self.model) if compile_layers else 0
+        if compile_layers:  # training.compile: each decoder layer's forward by torch.compile (models/layers.py)
+            compile_decoder_layers(self.model)
 
     # -- forward passes -------------------------------------------------------------------------
     def _autocast(self, full_precision: bool = False) -> contextlib.AbstractContextManager[Any]:

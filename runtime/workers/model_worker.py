@@ -35,6 +35,7 @@ from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.engines.micro_batches import MicroBatching
 from kuberl.runtime.engines.updates import UpdateConfig, update_critic, update_policy
 from kuberl.runtime.models.dtypes import reference_dtype, rollout_dtype, torch_dtype
+from kuberl.runtime.models.layers import compiled_layers
 from kuberl.runtime.models.loading import load_trainer_model
 from kuberl.runtime.models.lora import load_into, sync_mode, sync_payload
 from kuberl.runtime.models.resolve import ModelLocation
@@ -189,7 +190,7 @@ class ModelWorker:
                 "offload_reduces_per_step": trainer.reduces_per_step,
                 "padding_free": trainer.padding_free,
                 "fused_log_probs": trainer.scoring_head is not None,
-                "compiled_layers": trainer.compiled_layers,
+                "compiled_layers": compiled_layers(trainer.model),
             }
             for role, trainer in self.trainers.items()
         }

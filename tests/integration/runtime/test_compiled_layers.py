@@ -81,7 +81,6 @@ def counted():
 def test_compiled_layers_train_as_the_eager_ones(options: dict, counted) -> None:
     eager, compiled = trainer(False, **options), trainer(True, **options)
     assert (compiled_layers(eager.model), compiled_layers(compiled.model)) == (0, 2)
-    assert compiled.compiled_layers == 2
     expected = run(eager)
     graphs = counted["stats"]["unique_graphs"]
     assert graphs == 0  # the eager trainer compiled nothing
