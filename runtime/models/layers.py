@@ -36,7 +36,8 @@ def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor") ->
     """Compiles the forward of each of `model`'s decoder layers in place (the instance's `forward`, so the
     module's own `__call__`, hooks included, stays eager); returns how many. Sizes become dynamic after the second
     shape a layer sees (torch.compile's automatic dynamic shapes), so a run's varying widths compile twice, not
-    at every step."""
+    at every step, and only the sizes that vary: `dynamic=True` would make the hidden and head sizes symbolic
+    too (FlexAttention compiled that way was slower on an H200, bench/README.md)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     layers = decoder_layers(model)
     for layer in layers:
