@@ -282,8 +282,11 @@ def packing_rows(case: Case, one_pass: bool = True) -> list[Row]:
     rows_config, tokens_config = update_config(work), update_config(work, max_tokens_per_micro_batch=budget)
     whole = update_config(work, micro_batch_size=work.sequences)
     whole_tokens = update_config(work, max_tokens_per_micro_batch=work.sequences * work.length)
-    works = [updating(padded, batch, rows_config), updating(packed, batch, tokens_config)]
-    works.append(updating(packed, batch, rows_config))
+    works = [
+        updating(padded, batch, rows_config),
+        updating(packed, batch, tokens_config),
+        updating(packed, batch, rows_config),
+    ]
     if one_pass:
         works += [updating(padded, batch, whole), updating(packed, batch, whole_tokens)]
     slow, same_tokens, same_rows, *whole_batch = case.alternate(*works)
