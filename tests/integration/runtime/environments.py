@@ -76,7 +76,9 @@ class WaitsForTheOthers(Environment):
 
 class FlakyReplies(Environment):
     """Replies like `Replies`, but breaks on the second message of prompts whose first number is a multiple
-    of 5: a deterministic share of every batch are failed samples."""
+    of 5: a deterministic share of every batch are failed samples. It scores an episode by the number of words
+    in the model's last message (the demo's reward, which scores counting, gives the tiny model's episodes 0),
+    so sampled episodes score differently and the model learns."""
 
     def __init__(self, sample, settings) -> None:
         super().__init__(sample, settings)
@@ -87,3 +89,6 @@ class FlakyReplies(Environment):
         if self.turns == 2 and int(self.sample["prompt"].split()[1]) % 5 == 0:
             raise RuntimeError("flaky environment")
         return Observation.user(" ok.")
+
+    def reward(self, final: ModelTurn) -> float:
+        return float(len(final.text.split()))

@@ -1,7 +1,9 @@
 """Jobs with an environment end to end: `run_job` and `kuberl run` on local Ray, the demo model, CPU.
 
 The environment (tests/integration/runtime/environments.py:FlakyReplies) answers every message and breaks
-on a fixed share of the prompts, so each step has multi-turn episodes and failed samples.
+on a fixed share of the prompts, so each step has multi-turn episodes and failed samples, and it scores an
+episode by the words of the model's last message, so the episodes of a group score differently and the model
+learns from every step.
 """
 
 import json
@@ -72,6 +74,7 @@ def test_an_environment_job_trains_on_episodes_and_counts_broken_environments_as
         assert record["env/generation_seconds"] > 0 and record["env/environment_seconds"] > 0
         assert any(name.startswith("env/reward_turns_") for name in record)
     assert sum(record["reward/failed"] for record in run.history) > 0
+    assert all(record["actor/grad_norm"] > 0 for record in run.history)  # every step moves the model
 
 
 def test_a_preempted_environment_job_resumes_bit_identically(tmp_path, ray_session, uninterrupted):
