@@ -105,3 +105,30 @@ def test_compiled_layers_keep_the_parameter_names_and_the_module() -> None:
     assert [name for name, _ in compiled.full_tensors()] == [name for name, _ in eager.full_tensors()]
     assert compiled.model.state_dict().keys() == eager.model.state_dict().keys()
     assert all(type(layer).__name__ == "Qwen2DecoderLayer" for layer in compiled.model.model.layers)
+
+
+@pytest.mark.parametrize("compile_layers", [True, False], ids=["training.compile", "eager"])
+def test_the_model_worker_compiles_the_layers_of_every_roles_trainer(tmp_path, compile_layers: bool) -> None:
+    """spec.training.compile reaches the trainer the model worker builds for each role (the actor, a critic with
+    its value head, the frozen reference): each of the demo model's four decoder layers compiled, or none.
+    Compiling happens at a layer's first pass, so this builds the trainers and runs none; the passes of compiled
+    trainers are above, and on two FSDP2 ranks in test_fsdp_equivalence.py."""
+    from kuberl.api import parse_rljob
+    from kuberl.runtime.models.resolve import ModelLocation
+    from kuberl.runtime.models.tiny import build_tiny_model
+    from kuberl.runtime.workers.model_worker import ModelWorker
+    from tests.unit.api.test_rules import spec_with
+
+    worker = ModelWorker(rank=0, world_size=1)
+    worker.job = parse_rljob(spec_with({"training.compile": compile_layers}))
+    worker.device = torch.device("cpu")
+    demo = str(build_tiny_model("demo", tmp_path / "demo"))
+    optim = worker.job.spec.models.actor.optim
+    trainers = {
+        "actor": worker._trainer(ModelLocation(demo, "spec.models.actor.path"), "float32", optim, 10),
+        "critic": worker._trainer(ModelLocation(demo, "spec.models.critic.path"), "float32", optim, 10, critic=True),
+        "reference": worker._trainer(ModelLocation(demo, "spec.models.reference.path"), "bfloat16", None, 0),
+    }
+    assert {role: compiled_layers(each.model) for role, each in trainers.items()} == dict.fromkeys(
+        trainers, 4 if compile_layers else 0
+    )
