@@ -238,7 +238,15 @@ def compiled_rows(case: Case) -> list[Row]:
     trainer eager; the first update's time (the compiling) and both peaks in the note, and the compiled update's
     MFU (aim 40% in #38, beyond plain PyTorch's eager 30%)."""
     batch, config, work = case.batch(), update_config(case.work), case.work
-    eager, compiled = case.trainer(), case.trainer(compile_layers=True)
+    eager = case.trainer()
+    if case.size != "smoke":
+        compiled = case.trainer(compile_layers=True)
+    else:  # --smoke, on the CPU: this row's code with AOT autograd's graphs run as they are, not inductor's C++ for
+        # the CPU (half a minute of builds on a cold cache; test_compiled_layers.py holds it; a GPU builds Triton)
+        from kuberl.runtime.models.layers import compile_decoder_layers
+
+        compiled = case.trainer()
+        compile_decoder_layers(compiled.model, backend="aot_eager")
     synchronize(case.device)
     started = time.perf_counter()
     updating(compiled, batch, config)()  # compiles: once with gradients, at this batch's one shape
