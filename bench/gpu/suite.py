@@ -48,13 +48,12 @@ sys.path.insert(0, str(HERE))  # kuberl itself: the venv's editable install, or 
 
 from qwen import QWEN25, build_model, peak_flops, qwen25_config, shape, smoke_config, update_flops  # noqa: E402
 from table import FAILED, SKIPPED, Row, failed, format_table, judge, skipped  # noqa: E402
-from workloads import PACKING, SMOKE, SMOKE_PACKING, UPDATE, Workload  # noqa: E402
+from workloads import PACKING, SMOKE, SMOKE_MODEL, SMOKE_PACKING, UPDATE, Workload  # noqa: E402
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 GIB = 2**30
 NO_CUDA = "no CUDA device on this machine"
-SMOKE_MODEL = "smoke"
 VLLM_ITEMS = ("sleep/wake", "sync", "rollout")
 NOT_ASKED = "not asked for (--item)"
 

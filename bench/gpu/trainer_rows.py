@@ -54,7 +54,7 @@ import torch
 from plain import PlainUpdate, peft_model, plain_logprobs
 from qwen import shape
 from table import FAILED, OK, Row, judge, skipped
-from workloads import GIB, Workload, alternate, gib, host_batch, synchronize
+from workloads import GIB, SMOKE_MODEL, Workload, alternate, gib, host_batch, synchronize
 
 LORA_RANK, LORA_ALPHA = 16, 32
 
@@ -239,7 +239,7 @@ def compiled_rows(case: Case) -> list[Row]:
     MFU (aim 40% in #38, beyond plain PyTorch's eager 30%)."""
     batch, config, work = case.batch(), update_config(case.work), case.work
     eager = case.trainer()
-    if case.size != "smoke":
+    if case.size != SMOKE_MODEL:
         compiled = case.trainer(compile_layers=True)
     else:  # --smoke, on the CPU: this row's code with AOT autograd's graphs run as they are, not inductor's C++ for
         # the CPU (half a minute of builds on a cold cache; test_compiled_layers.py holds it; a GPU builds Triton)

@@ -33,7 +33,8 @@ class Workload:
 UPDATE = Workload(sequences=32, prompt=256, response=768, micro=4)
 #: The padding-free row's: about half of it padding.
 PACKING = Workload(sequences=16, prompt=256, response=768, micro=4, real=0.5)
-#: `--smoke` (the CPU run of the tests): the same rows on a model of a few thousand parameters.
+#: `--smoke` (the CPU run of the tests): the same rows on a model of a few thousand parameters, of this size name.
+SMOKE_MODEL = "smoke"
 SMOKE = Workload(sequences=4, prompt=6, response=10, micro=2)
 SMOKE_PACKING = Workload(sequences=4, prompt=6, response=10, micro=2, real=0.5)
 

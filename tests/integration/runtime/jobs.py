@@ -3,6 +3,7 @@
 import copy
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -34,3 +35,17 @@ def apply_changes(node: dict, changes: Mapping[str, object]) -> None:
 
 def demo_base_dir() -> Path:
     return DEMO.parent
+
+
+def worker_in_this_process(changes: Mapping[str, object]) -> Any:
+    """A model worker built in this process (rank 0 of 1, on the CPU) for the minimal job with `changes`
+    (tests/unit/api `spec_with`), to build its trainers (`_trainer`) without Ray or a setup call."""
+    import torch
+
+    from kuberl.runtime.workers.model_worker import ModelWorker
+    from tests.unit.api.test_rules import spec_with
+
+    worker = ModelWorker(rank=0, world_size=1)
+    worker.job = parse_rljob(spec_with(dict(changes)))
+    worker.device = torch.device("cpu")
+    return worker

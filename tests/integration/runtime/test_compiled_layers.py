@@ -21,6 +21,7 @@ from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.engines.updates import UpdateConfig, update_policy
 from kuberl.runtime.models.layers import compiled_layers
+from tests.integration.runtime.jobs import worker_in_this_process
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, OPTIM, make_batch, sgd, tiny_model
 
 pytestmark = pytest.mark.integration
@@ -113,15 +114,10 @@ def test_the_model_worker_compiles_the_layers_of_every_roles_trainer(tmp_path, c
     its value head, the frozen reference): each of the demo model's four decoder layers compiled, or none.
     Compiling happens at a layer's first pass, so this builds the trainers and runs none; the passes of compiled
     trainers are above, and on two FSDP2 ranks in test_fsdp_equivalence.py."""
-    from kuberl.api import parse_rljob
     from kuberl.runtime.models.resolve import ModelLocation
     from kuberl.runtime.models.tiny import build_tiny_model
-    from kuberl.runtime.workers.model_worker import ModelWorker
-    from tests.unit.api.test_rules import spec_with
 
-    worker = ModelWorker(rank=0, world_size=1)
-    worker.job = parse_rljob(spec_with({"training.compile": compile_layers}))
-    worker.device = torch.device("cpu")
+    worker = worker_in_this_process({"training.compile": compile_layers})
     demo = str(build_tiny_model("demo", tmp_path / "demo"))
     optim = worker.job.spec.models.actor.optim
     trainers = {

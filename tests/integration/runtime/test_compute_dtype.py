@@ -10,6 +10,7 @@ from kuberl.api.spec import OptimizerSpec
 from kuberl.runtime.engines.fsdp import FSDPTrainer
 from kuberl.runtime.engines.inputs import forward_input
 from kuberl.runtime.engines.updates import UpdateConfig, update_policy
+from tests.integration.runtime.jobs import worker_in_this_process
 from tests.integration.runtime.test_fsdp_equivalence import CONFIG, make_batch, tiny_model
 
 pytestmark = pytest.mark.integration
@@ -164,15 +165,10 @@ def test_two_fsdp2_ranks_train_a_lora_actor_over_a_bf16_base_as_over_an_fp32_one
 def test_the_model_worker_stores_frozen_linears_in_bf16_for_the_roles_that_compute_the_same_with_them(
     tmp_path, role, changes, frozen_in_bf16
 ):
-    from kuberl.api import parse_rljob
     from kuberl.runtime.models.resolve import ModelLocation
     from kuberl.runtime.models.tiny import build_tiny_model
-    from kuberl.runtime.workers.model_worker import ModelWorker
-    from tests.unit.api.test_rules import spec_with
 
-    worker = ModelWorker(rank=0, world_size=1)
-    worker.job = parse_rljob(spec_with({"training.computeDtype": "bfloat16", **changes}))
-    worker.device = torch.device("cpu")
+    worker = worker_in_this_process({"training.computeDtype": "bfloat16", **changes})
     location = ModelLocation(str(build_tiny_model("demo", tmp_path / "demo")), f"spec.models.{role}.path")
     actor = worker.job.spec.models.actor
     if role == "reference":
