@@ -286,6 +286,31 @@ def process_group_backend(device_type: str) -> str:
     return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
 
 
+def forget_sharding_caches() -> bool:
+    """Forget what DTensor cached about this process's device meshes; call it before the process group goes.
+    True when every cache was cleared, so the process can join a new group, at any rank (group.WarmWorkers).
+
+    DTensor remembers each op's output sharding by its input specs. A device mesh compares equal to any other over
+    the same ranks and layout, whatever this process's rank in it and whichever process group backs it. So in a
+    process that joins a new group after the old one was destroyed, the cache hands the new DTensors the old mesh,
+    with the old rank. DCP places a shard by its mesh's rank: a process that was rank 1 and is now rank 0 saves its
+    shards at rank 1's offsets. Training goes on unharmed, since the local shards are right, but every checkpoint
+    and the exported model come out with their halves swapped. Megatron-LM met the same cache on teardown
+    (NVIDIA/Megatron-LM#7029) and clears it while the groups still live, as here.
+
+    The clear functions are torch's private ones (`torch.distributed.tensor.debug`). On a torch without them this
+    returns False, and the process must not host another run.
+    """
+    try:
+        from torch.distributed.tensor._redistribute import _gen_transform_infos
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:
+        return False
+    _clear_sharding_prop_cache()  # the Python cache (this thread's: the worker's methods run on one) and C++'s
+    _gen_transform_infos.cache_clear()  # redistribution plans, keyed by the same specs
+    return True
+
+
 def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether `model`'s forward takes transformers' `logits_to_keep`: the LM head then runs only at the positions
     asked for, an int (the last n) or a tensor of indices. A LoRA model's (PEFT) forward hands it to its base's.

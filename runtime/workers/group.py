@@ -51,8 +51,9 @@ class WarmWorkers:
     resource and environment. A kept worker is made new (`reset(rank, world_size)`: the class's `__init__`
     again) before it is used. A group is kept only when every rank answered `shutdown` with True in time (the
     worker says whether its process can host another run: a model worker that started vLLM cannot, since vLLM
-    keeps state of its own in the process); a group with a rank that died, failed its shutdown or did not
-    answer is killed, as without this.
+    keeps state of its own in the process; nor can one whose torch could not forget the old process group's
+    device meshes, since it may come back at another rank: engines/fsdp.py `forget_sharding_caches`); a group
+    with a rank that died, failed its shutdown or did not answer is killed, as without this.
 
     Off unless `keep_workers_warm()` is entered: `kuberl run` and a job on Kubernetes run one job per driver,
     and their workers end with it. Idle workers hold their Ray resources, so `retain` stops those the next run

@@ -27,6 +27,7 @@ from kuberl.runtime.batch import RolloutBatch
 from kuberl.runtime.engines.base import Generation, SamplingParams
 from kuberl.runtime.engines.fsdp import (
     FSDPTrainer,
+    forget_sharding_caches,
     keeps_frozen_in_compute_dtype,
     offloaded_to_cpu,
     process_group_backend,
@@ -391,13 +392,16 @@ class ModelWorker:
         """The colocated engine stopped (a split one removes its shared memory), then the process group.
 
         True when this process can host another run (group.WarmWorkers): not after vLLM ran in it, whose
-        in-process engine leaves state of its own behind (its parallel groups, its compilation config)."""
+        in-process engine leaves state of its own behind (its parallel groups, its compilation config), and only
+        once DTensor forgot this group's meshes (forget_sharding_caches: else, at another rank, the next run's
+        checkpoints would place its shards at this run's offsets)."""
         if self.engine is not None and hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
         self.engine = None
+        forgotten = forget_sharding_caches()  # while the group lives
         if dist.is_initialized():  # vLLM's teardown may have destroyed it already
             dist.destroy_process_group()
-        return "vllm" not in sys.modules
+        return forgotten and "vllm" not in sys.modules
 
     def reset(self, rank: int, world_size: int) -> None:
         """This process as a new worker, rank `rank` of `world_size`: what `__init__` makes (WarmWorkers)."""

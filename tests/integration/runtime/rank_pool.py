@@ -6,7 +6,9 @@ run, and each fresh process spends seconds importing torch, transformers and kub
 machine); the session ran about ten spawns. A `RankPool` starts its processes once and hands each job to
 the first `world` of them; a job's function still sets up and tears down its own process group (a fresh
 rendezvous file each time), exactly as under `mp.spawn`, so a test's ranks share nothing with the last
-test's but the imported modules and `torch.set_num_threads(1)`.
+test's but the imported modules, `torch.set_num_threads(1)` and DTensor's caches of the last test's device
+meshes. Those are right for the next test only because a process plays the same rank number in every job
+(runtime/engines/fsdp.py `forget_sharding_caches` says what goes wrong at another rank).
 
 `run` sends the parent's environment with each job, since some tests set variables for their ranks after the
 pool started (test_checkpoint_s3.py: the AWS_* variables of its S3 server). A failed rank, one that died or
