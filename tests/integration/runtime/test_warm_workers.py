@@ -7,6 +7,7 @@ resources back before a run starts.
 """
 
 import re
+import sys
 import time
 
 import pytest
@@ -93,7 +94,8 @@ def test_a_worker_whose_torch_cannot_forget_its_meshes_is_not_kept(monkeypatch):
     from kuberl.runtime.engines.fsdp import forget_sharding_caches
     from kuberl.runtime.workers.model_worker import ModelWorker
 
-    assert forget_sharding_caches()
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)  # an earlier test may have run vLLM in this process
+    assert forget_sharding_caches() and ModelWorker(0, 1).shutdown()
     monkeypatch.delattr("torch.distributed.tensor.debug._clear_sharding_prop_cache")
     assert not forget_sharding_caches()
     assert not ModelWorker(0, 1).shutdown()
