@@ -11,8 +11,10 @@ closing its stdin (ray.shutdown), never by `ray stop`.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -58,7 +60,7 @@ def kuberay_auth_env(rayjob: dict[str, Any], secrets: dict[str, dict[str, Any]])
 
 
 @pytest.fixture(scope="module")
-def authenticated_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def authenticated_head() -> Iterator[tuple[str, str]]:
     """(dashboard URL, token) of a real Ray head started as the job's RayJob and Secret configure it."""
     owner = Owner(name="tiny-grpo", namespace="team-a", uid=UID)
     rayjob = build_rayjob(parse_rljob(make_rljob(base_spec())), owner, 0, default_image="i:1", generation=1)
@@ -67,7 +69,8 @@ def authenticated_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     port = free_port()
     # without RAY_ADDRESS: once the session's Ray runs in this process, ray.init would join it (no job agent)
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **auth, "RAY_USAGE_STATS_ENABLED": "0"}
-    temp = Path(tmp_path_factory.mktemp("ray", numbered=True))
+    # Ray's socket paths must stay under 108 bytes: a short folder, not pytest's (longer in an xdist worker's)
+    temp = Path(tempfile.mkdtemp(prefix="kr-"))
     head = subprocess.Popen(
         [sys.executable, "-c", HEAD, str(port), str(temp), str(free_port())],
         stdin=subprocess.PIPE,
@@ -79,11 +82,13 @@ def authenticated_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     )
     try:
         assert head.stdout is not None
+        lines = []
         for line in head.stdout:  # blocks until Ray is up (or the process ended)
+            lines.append(line)
             if line.startswith("READY"):
                 break
         else:
-            pytest.fail(f"the Ray head did not start (exit {head.wait()})")
+            pytest.fail(f"the Ray head did not start (exit {head.wait()}); its last lines:\n{''.join(lines[-40:])}")
         yield f"http://127.0.0.1:{port}", auth["RAY_AUTH_TOKEN"]
     finally:
         if head.stdin is not None:
@@ -93,6 +98,7 @@ def authenticated_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
         except subprocess.TimeoutExpired:
             head.kill()
             head.wait(10)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def jobs_api(url: str, method: str, token: str | None = None, body: Any = None) -> tuple[int, str]:

@@ -9,12 +9,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from kuberl.api.resources import RoleResources
 from kuberl.api.topology import rollout_group
 from kuberl.runtime.pools.autoscale import ScalePolicy
 from kuberl.runtime.pools.elastic import STOP_TIMEOUT_S, ElasticPool, PoolWorker
 
-NOW = time.monotonic()  # the pool's clock: a release reads it for its stop's deadline
+NOW = 0.0  # the pool's clock as the test began (`_now`); a release also reads the clock itself for its stop's deadline
+
+
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    """Read as each test begins, not at import: `make test`'s workers import every module first and may run this
+    one many minutes later, and the release's own reading of the clock must stay within the deadlines compared."""
+    global NOW
+    NOW = time.monotonic()
 
 
 @dataclass
