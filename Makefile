@@ -21,9 +21,8 @@ $(STAMP): pyproject.toml
 run: venv ## the demo: a real GRPO run on a tiny model, local Ray, CPU
 	$(BIN)/kuberl run examples/tiny-grpo.yaml
 
-# Two workers: the Ray folder beside the API-server folders, the unit tests wherever a worker is free (tests/conftest.py).
 test: venv ## the whole test suite
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest
 
 lint: venv ## ruff, mypy (strict on api/, operator/ and kuberl/verl/), import layering
 	$(BIN)/ruff check .

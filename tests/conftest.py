@@ -26,38 +26,6 @@ def minimal_manifest() -> dict:
     }
 
 
-#: `make test` runs the suite in two pytest-xdist workers (`-n 2 --dist loadgroup`), and these are the groups each
-#: folder's tests run in, one worker per group, in the folder's order. The folders of a group share what a session
-#: starts once (the Ray of `tests/integration/conftest.py`, the API server of `envtest.py`); each group is minutes
-#: of waiting on processes that start, stop and time out, so the two run side by side, and the unit tests, in no
-#: group, fill whichever worker finishes first.
-XDIST_GROUPS = {
-    "tests/integration/runtime/": "ray-session",
-    "tests/integration/chart/": "api-server",
-    "tests/integration/operator/": "api-server",
-    "tests/integration/loop/": "api-server",
-}
-
-
-def xdist_group(nodeid: str) -> str | None:
-    return next((group for folder, group in XDIST_GROUPS.items() if nodeid.startswith(folder)), None)
-
-
-@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, when it is installed
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """`--dist loadgroup` groups by XDIST_GROUPS, not by `xdist_group` marks: xdist 3.8 marks a test's group by
-    rewriting its node id, which pytest 9.2 no longer reads, so the marks group nothing (pytest-xdist#1386)."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class FolderGroups(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_group(nodeid) or nodeid
-
-    return FolderGroups(config, log)
-
-
 _envtest_build: "BackgroundBuild | None" = None
 
 
