@@ -21,8 +21,9 @@ NOW = 0.0  # the pool's clock as the test began (`_now`); a release also reads t
 
 @pytest.fixture(autouse=True)
 def _now() -> None:
-    """Read as each test begins, not at import: `make test`'s workers import every module first and may run this
-    one many minutes later, and the release's own reading of the clock must stay within the deadlines compared."""
+    """Read as each test begins, not at import: a test may run many minutes after its module was imported (two
+    pytest-xdist workers import every module first; they ran this one 20 min later), and the release's own reading
+    of the clock must stay within the deadlines compared."""
     global NOW
     NOW = time.monotonic()
 
