@@ -110,8 +110,9 @@ def test_the_rljob_follows_its_rayjob_to_success(cluster: Cluster):
     cluster.kuberay("follow-0", "Complete", "SUCCEEDED")
     status = cluster.wait_status("follow", phase="Succeeded")
     assert status["completionTime"]
-    reasons = {event["reason"] for event in cluster.events("follow")}
-    assert {"RayJobCreated", "RayJobRunning", "RayJobSucceeded"} <= reasons
+    # the pass that writes a status posts its events after the write (operator/reconcile.py `act`)
+    expected = {"RayJobCreated", "RayJobRunning", "RayJobSucceeded"}
+    wait_for(lambda: expected <= {event["reason"] for event in cluster.events("follow")}, what=f"events {expected}")
 
 
 def test_a_failure_restarts_from_the_checkpoint_until_max_restarts(cluster: Cluster):
@@ -135,8 +136,11 @@ def test_a_failure_restarts_from_the_checkpoint_until_max_restarts(cluster: Clus
     assert failed["reason"] == "MaxRestartsExceeded"
     assert status["restarts"] == 1
     assert list(cluster.rayjobs()) == ["flaky-1"]
-    warnings = {e["reason"] for e in cluster.events("flaky") if e["type"] == "Warning"}
-    assert {"BackoffBeforeRestart", "MaxRestartsExceeded"} <= warnings
+    expected = {"BackoffBeforeRestart", "MaxRestartsExceeded"}  # posted after the status write
+    wait_for(
+        lambda: expected <= {e["reason"] for e in cluster.events("flaky") if e["type"] == "Warning"},
+        what=f"events {expected}",
+    )
 
 
 def test_suspend_removes_the_rayjob_and_unsuspend_resumes_in_a_new_one(cluster: Cluster):
@@ -367,6 +371,7 @@ def test_a_refused_rayjob_shows_the_api_servers_message_and_is_retried_until_it_
     created = wait_for(refused, what="Created=False/ApplyFailed")
     assert created["status"] == "False"
     assert "RayJob squeezed-0" in created["message"] and "exceeded quota: no-rayjobs" in created["message"]
+    wait_for(lambda: any(e["reason"] == "ApplyFailed" for e in cluster.events("squeezed")), what="the Warning event")
     time.sleep(3)  # retries meanwhile (after 1 s, then 2 s) bring no new Event
     warnings = [e for e in cluster.events("squeezed") if e["reason"] == "ApplyFailed"]
     assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
