@@ -35,6 +35,17 @@ def gone(loop: Loop, path: str) -> bool:
     return False
 
 
+def pods_stop_within(loop: Loop, name: str) -> float:
+    """How long the job's stopped RayJob may take to go: its pods' terminationGracePeriodSeconds (the stop window the
+    driver saves in, plus api/contract.py's margin), and a minute for the rest. A pod may use all of it: Ray drains
+    a node that gets SIGTERM until its workers are gone (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, the stop window).
+    Seen once here: an actor pod still draining 120 s after the suspend, its head pod gone (2026-11-29)."""
+    (rayjob,) = loop.rayjobs(name).values()
+    spec = rayjob["spec"]["rayClusterSpec"]
+    templates = [spec["headGroupSpec"]["template"], *(group["template"] for group in spec["workerGroupSpecs"])]
+    return max(float(template["spec"]["terminationGracePeriodSeconds"]) for template in templates) + 60
+
+
 def test_a_suspended_job_resumes_from_its_last_checkpoint_and_deleting_it_mid_run_removes_all_it_made(loop: Loop):
     """One job for both (a job's pods take half a minute to start here): suspended after its first checkpoint, it
     resumes from its last one; deleted once the resumed run trains, its RayJob, ConfigMap and processes go."""
@@ -44,11 +55,12 @@ def test_a_suspended_job_resumes_from_its_last_checkpoint_and_deleting_it_mid_ru
     folder = loop.job_folder(name)
     wait_until(lambda: committed_steps(folder), timeout=300, interval=0.1, what="the first checkpoint")
 
+    stopped_within = pods_stop_within(loop, name)
     suspend = {"spec": {"runPolicy": {"suspend": True}}}
     path = names.rljob_path(loop.namespace, name)
     loop.cp.request("PATCH", path, suspend, content_type="application/merge-patch+json")
     loop.wait_phase(name, "Suspended", timeout=60)
-    wait_until(lambda: not loop.rayjobs(name), timeout=120, what="the RayJob gone")
+    wait_until(lambda: not loop.rayjobs(name), timeout=stopped_within, what="the RayJob gone")
     assert not loop.standin.processes(loop.namespace)
     last = committed_steps(folder)[-1]
 
@@ -74,7 +86,7 @@ def test_a_suspended_job_resumes_from_its_last_checkpoint_and_deleting_it_mid_ru
 
     loop.cp.request("DELETE", path)
 
-    wait_until(lambda: not loop.rayjobs(name), timeout=120, what="the RayJob gone")
+    wait_until(lambda: not loop.rayjobs(name), timeout=stopped_within, what="the RayJob gone")
     wait_until(
         lambda: gone(loop, names.configmap_path(loop.namespace, names.configmap_name(name))),
         timeout=30,
