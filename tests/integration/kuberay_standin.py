@@ -344,6 +344,13 @@ class Pod:
     def ready(self) -> bool:
         return self.running() and self.came_up()
 
+    def state(self, now: float) -> str:
+        """For a failure's diagnosis: running or ended, and how long ago it was told to stop (SIGTERM)."""
+        ended = "running" if self.running() else f"ended {now - (self.lifetime.ended or now):.1f} s ago"
+        if self.terminating_since is None:
+            return ended
+        return f"{ended}, SIGTERM {now - self.terminating_since:.1f} s ago (grace {self.grace_seconds:.0f} s)"
+
     def processes(self) -> set[int]:
         return alive(descendants(self.process.pid)) if self.running() else set()
 
@@ -435,13 +442,14 @@ class KubeRayStandIn:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
-    def pods(self, namespace: str, rayjob: str | None = None) -> list[Pod]:
-        """The running pods of the namespace's clusters (of one RayJob's cluster, when named)."""
+    def pods(self, namespace: str, rayjob: str | None = None, *, ended_too: bool = False) -> list[Pod]:
+        """The running pods of the namespace's clusters (of one RayJob's cluster, when named); with `ended_too`,
+        also the ended pods of clusters not yet gone (a cluster goes once all its pods have ended)."""
         with self._lock:
             clusters = [c for (ns, name), c in self.clusters.items() if ns == namespace]
             if rayjob is not None:
                 clusters = [c for c in clusters if c.name.startswith(f"{rayjob}-")]
-            return [pod for cluster in clusters for pod in cluster.pods if pod.running()]
+            return [pod for cluster in clusters for pod in cluster.pods if ended_too or pod.running()]
 
     def lifetimes(self, namespace: str, rayjob: str | None = None) -> list[Lifetime]:
         """When each pod and driver the namespace's RayJobs (one RayJob, when named) ever had ran, in start order."""

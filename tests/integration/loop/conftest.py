@@ -8,6 +8,7 @@ create RLJobs from the examples and read what a user would read back.
 
 import re
 import secrets
+import time
 import urllib.error
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -122,8 +123,9 @@ class Loop:
             "operator warnings:\n" + "\n".join(record.getMessage()[:1500] for record in self.installation.logs[-20:])
         ]
         parts.append("stand-in problems:\n" + "\n".join(self.standin.problems[-20:]))
-        for pod in self.standin.pods(self.namespace):
-            parts.append(f"pod {pod.name}:\n{pod.log.read_text(errors='replace')[-2000:]}")
+        now = time.monotonic()
+        for pod in self.standin.pods(self.namespace, ended_too=True):
+            parts.append(f"pod {pod.name} ({pod.state(now)}):\n{pod.log.read_text(errors='replace')[-2000:]}")
         return "\n".join(parts)
 
     def diagnosis_of_every_job(self) -> str:
