@@ -108,11 +108,11 @@ DEFAULT_LEASE_NAME = "kuberl-operator"
 #: Ray's own variable: how long its job supervisor waits between SIGTERM to the driver and SIGKILL (default 3 s).
 #: The operator sets it from spec.runPolicy.stopGracePeriodSeconds; the driver reads it to know its window.
 RAY_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
-#: Ray's own variable: how long `ray start --block` (a pod's first process) that gets SIGTERM keeps its node's
-#: processes running, drained, before it kills them (default 30 s; Ray 2.60, python/ray/_private/node.py
-#: `_drain_node_before_shutdown`). The operator sets it in every pod to spec.runPolicy.stopGracePeriodSeconds, so
-#: a worker pod Kubernetes stops gives the driver the stop window to finish the step and save it
-#: (runtime/checkpoint/preemption.py DrainWatcher).
+#: Ray's own variable: how long `ray start --block` (a pod's Ray; in a worker pod under runtime/podinit.py) that gets
+#: SIGTERM keeps its node's processes running, drained, before it kills them (default 30 s; Ray 2.60,
+#: python/ray/_private/node.py `_drain_node_before_shutdown`). The operator sets it in every pod to
+#: spec.runPolicy.stopGracePeriodSeconds, so a worker pod Kubernetes stops gives the driver the stop window to
+#: finish the step and save it (runtime/checkpoint/preemption.py DrainWatcher).
 RAY_DRAIN_WINDOW_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 #: The pods outlive the driver's window by this much, so Ray's SIGKILL comes before the kubelet's.
 POD_GRACE_MARGIN_SECONDS = 15
@@ -163,6 +163,14 @@ class ExitCode(IntEnum):
 # -- the runtime's command line: built by the operator, parsed by the runtime ----------------------------
 #: How the operator starts the runtime in the RayJob's entrypoint (the arguments follow).
 RUNTIME_PROGRAM = ("python", "-m", "kuberl.runtime")
+#: A worker pod's first process (runtime/podinit.py): KubeRay's `ray start`, ended at once when the pod is asked to
+#: stop after its head is gone. The operator sets it as the Ray container's command of every worker group, with
+#: KubeRay's annotation that keeps a container's own command (it then hands `ray start ...` over in
+#: KUBERAY_GEN_RAY_START_CMD; ray-operator/controllers/ray/common/pod.go `BuildPod`). The shell is KubeRay's own
+#: (`utils.GetContainerCommand`).
+WORKER_POD_COMMAND = ("/bin/bash", "-c", "--")
+WORKER_POD_ARGS = ("exec python -m kuberl.runtime.podinit",)
+KUBERAY_OWN_COMMAND_ANNOTATION = "ray.io/overwrite-container-cmd"
 
 
 @dataclass(frozen=True)

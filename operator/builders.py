@@ -295,22 +295,37 @@ def autoscaler_options() -> dict[str, Any]:
 def worker_group(job: RLJob, pool: Pool, image: str, uid: str) -> dict[str, Any]:
     """One Ray worker group for a pool: its pods, the autoscaler's bounds, and the resource it offers."""
     size: RoleResources = getattr(job.spec.resources, pool.name)  # placement constraints and podTemplate
+    template = pod_template(
+        job,
+        role=pool.name,
+        container="ray-worker",
+        image=image,
+        resources=container_resources(pool, pool.ephemeral_storage),
+        pool=size,
+        uid=uid,
+    )
+    run_ray_start_in_podinit(template)
     return {
         "groupName": pool.name,
         "replicas": pool.pods,
         "minReplicas": pool.min_pods,
         "maxReplicas": pool.max_pods,
         "rayStartParams": ray_start_params(pool),
-        "template": pod_template(
-            job,
-            role=pool.name,
-            container="ray-worker",
-            image=image,
-            resources=container_resources(pool, pool.ephemeral_storage),
-            pool=size,
-            uid=uid,
-        ),
+        "template": template,
     }
+
+
+def run_ray_start_in_podinit(template: dict[str, Any]) -> None:
+    """A worker pod's Ray container runs KubeRay's `ray start` under runtime/podinit.py, which ends the pod at once
+    when it is asked to stop after its head is gone, instead of after the whole stop window (api/contract.py
+    WORKER_POD_COMMAND). A podTemplate that gives the Ray container a command or args of its own keeps KubeRay's
+    handling of them (KubeRay runs them before its `ray start`), without podinit."""
+    ray_container = template["spec"]["containers"][0]  # KubeRay's Ray container is the first
+    if "command" in ray_container or "args" in ray_container:
+        return
+    ray_container["command"] = list(contract.WORKER_POD_COMMAND)
+    ray_container["args"] = list(contract.WORKER_POD_ARGS)
+    template["metadata"].setdefault("annotations", {})[contract.KUBERAY_OWN_COMMAND_ANNOTATION] = "true"
 
 
 def head_group(job: RLJob, pool: Pool, image: str, cpu: str, memory: str, uid: str) -> dict[str, Any]:

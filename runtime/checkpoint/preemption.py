@@ -12,8 +12,8 @@ before the save, whether the save is likely to fit it; a save cut off leaves no 
 restart resumes from the previous commit and never adopts it.
 
 A worker pod that Kubernetes stops (an eviction, a node drain) is noticed too, though no signal reaches the
-driver: its first process is `ray start --block` (KubeRay's command; bash execs the last command of its -c
-string), which on SIGTERM marks its node draining, for preemption, and keeps the node's processes running
+driver: its first process, runtime/podinit.py, passes SIGTERM on to `ray start --block` (KubeRay's command),
+which marks its node draining, for preemption, and keeps the node's processes running
 for RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S before it kills them (Ray 2.60, python/ray/_private/node.py
 `_drain_node_before_shutdown`; the operator sets that window to the job's stop window, api/contract.py).
 `DrainWatcher` asks the GCS after each step whether a node the run cannot lose (a trainer's, the driver's)

@@ -18,7 +18,10 @@ namespaces it is given, driven only through the real API server (tests/integrati
   `kuberl.io/standin-pods` until its pods have stopped, as the Pods of a real cluster hold up its deletion.
   It is ready once every pod is and the head's GCS counts one alive node per pod (`_alive_nodes`).
 - kubelet: each pod (the head, and one per replica of each worker group) is `ray start --block` with its
-  group's rayStartParams and the --num-cpus/--memory KubeRay derives from the container's resources, in a mount
+  group's rayStartParams and the --num-cpus/--memory KubeRay derives from the container's resources (KubeRay's
+  common/pod.go `BuildPod`: the container's own command and args instead when its pod template has the annotation
+  `ray.io/overwrite-container-cmd: "true"`, with `ray start ...` as KubeRay writes it in the env
+  KUBERAY_GEN_RAY_START_CMD, which every Ray container gets), in a mount
   and PID namespace of its own (`unshare --mount --pid --fork --mount-proc`): private tmpfs on /tmp, /dev/shm
   and $HOME (so ~/.cache/kuberl and the working directory are the pod's own, and a path valid on one pod fails
   on another), plus the pod's volumes: configMap and secret data as files, a persistentVolumeClaim as one host
@@ -146,6 +149,11 @@ MAX_FAILED_STARTS = 3
 #: not bring it back; POD_INIT now keeps the raylet's last lines for the next time), but fewer starts at once
 #: can only shorten each one.
 PODS_STARTING_AT_ONCE = 2
+#: KubeRay's annotation of a pod template whose Ray container runs its own command, and the env that then holds
+#: KubeRay's `ray start ...` (set in every Ray container either way).
+OWN_COMMAND_ANNOTATION, KUBERAY_RAY_START_ENV = "ray.io/overwrite-container-cmd", "KUBERAY_GEN_RAY_START_CMD"
+#: `ray start` flags KubeRay writes as --flag=true/false rather than as a bare switch (`convertParamMap`).
+BOOLEAN_VALUED_FLAGS = ("log-color", "include-dashboard", "include-log-monitor")
 #: What `ray start` prints once its node is up (the pod's readiness).
 READY_LINE = "Ray runtime started"
 TERMINAL_JOB_STATUSES = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -211,6 +219,19 @@ def unquoted(value: Any) -> str:
     if len(text) >= 2 and text[0] == text[-1] == '"':
         return str(json.loads(text))
     return text
+
+
+def kuberay_ray_start_command(params: dict[str, str], head: bool) -> str:
+    """`ray start ...` as KubeRay writes it into KUBERAY_GEN_RAY_START_CMD (common/pod.go `generateRayStartCommand`
+    and `convertParamMap`): the flags sorted, `--block` added, a "true" value a bare switch (but for the flags that
+    take a boolean), each value as written in rayStartParams, for a shell to read; `ray` from the image's PATH."""
+    flags = []
+    for key, value in sorted({**params, "block": "true"}.items()):
+        if value.lower() in ("true", "false") and key not in BOOLEAN_VALUED_FLAGS:
+            flags += [f"--{key}"] if value.lower() == "true" else []
+        else:
+            flags.append(f"--{key}={value}")
+    return " ".join(["ray", "start", *(["--head"] if head else []), *flags])
 
 
 def descendants(pid: int) -> set[int]:
@@ -464,6 +485,12 @@ class KubeRayStandIn:
     def kill_pod(self, pod: Pod) -> None:
         with self._lock:
             pod.kill()
+
+    def stop_pod(self, pod: Pod) -> None:
+        """What the kubelet does to one pod that is deleted (an eviction): SIGTERM to its first process. The SIGKILL
+        after its grace period comes only if its cluster is deleted too (the stand-in then stops every pod)."""
+        with self._lock:
+            pod.terminate()
 
     def driver_log(self, namespace: str, rayjob: str) -> str:
         """The Ray job's driver output, as saved when it ended (empty while it runs or when it never did)."""
@@ -884,7 +911,14 @@ class KubeRayStandIn:
         ports = {int(port["containerPort"]): pod_port() for port in container.get("ports") or []}
         env = self._environment(cluster, container, ports)
         mounts = self._mounts(cluster.namespace, pod_spec, container, folder)
-        argv = self._ray_start(cluster, group_spec, container, head)
+        params = self._ray_start_params(cluster, group_spec, container, head)
+        env[KUBERAY_RAY_START_ENV] = kuberay_ray_start_command(params, head)
+        own_command = (template.get("metadata") or {}).get("annotations", {}).get(OWN_COMMAND_ANNOTATION, "")
+        if own_command.lower() == "true":
+            argv = [*(container.get("command") or []), *(container.get("args") or [])]
+        else:
+            flags = [f"--{key}={unquoted(value)}" for key, value in params.items()]
+            argv = [str(VENV_BIN / "ray"), "start", *(["--head"] if head else []), "--block", *flags]
         if not head and group in self.fail_first_start and name not in self._failed_on_purpose:
             self._failed_on_purpose.add(name)
             argv = ["bash", "-c", FAIL_AFTER_REGISTERING, "fail-after-registering", *argv]
@@ -1038,11 +1072,12 @@ class KubeRayStandIn:
         shutil.copyfile(self.cp.ca_file, target / "ca.crt")
         return target
 
-    def _ray_start(
+    def _ray_start_params(
         self, cluster: Cluster, group_spec: dict[str, Any], container: dict[str, Any], head: bool
-    ) -> list[str]:
-        """`ray start --block` with the group's rayStartParams, KubeRay's defaults from the container's resources,
-        and ports of the pod's own (every pod shares this machine's network)."""
+    ) -> dict[str, str]:
+        """The flags of `ray start --block`, as written in rayStartParams (a value may be quoted for the shell): the
+        group's rayStartParams, KubeRay's defaults from the container's resources, and ports of the pod's own (every
+        pod shares this machine's network)."""
         resources = container.get("resources") or {}
         amounts = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
         params: dict[str, str] = {}
@@ -1054,7 +1089,7 @@ class KubeRayStandIn:
         if gpus:
             params["num-gpus"] = str(int(parse_quantity(gpus)))
         params["object-store-memory"] = str(OBJECT_STORE_BYTES)
-        params.update({key: unquoted(value) for key, value in (group_spec.get("rayStartParams") or {}).items()})
+        params.update({key: str(value) for key, value in (group_spec.get("rayStartParams") or {}).items()})
         params.update(
             {
                 "node-manager-port": str(pod_port()),
@@ -1078,5 +1113,4 @@ class KubeRayStandIn:
             )
         else:
             params["address"] = f"127.0.0.1:{cluster.gcs_port}"
-        flags = [f"--{key}={value}" for key, value in params.items()]
-        return [str(VENV_BIN / "ray"), "start", *(["--head"] if head else []), "--block", *flags]
+        return params

@@ -1,9 +1,10 @@
 """kuberl's own code starts processes only as argument lists, never through a shell (docs/security.md, Command lines).
 
-The runtime starts two kinds of process itself: each reward function's isolation child (runtime/rewards/isolated.py)
-and the tool sandbox's launcher (runtime/sandbox/), which forks the jailed code; Ray, vLLM and torch start their own
-workers. The operator, the API and the command line start none. Read from the source, so a new call site is held to
-it too.
+The runtime starts three kinds of process itself: each reward function's isolation child
+(runtime/rewards/isolated.py), the tool sandbox's launcher (runtime/sandbox/), which forks the jailed code, and a
+worker pod's `ray start` (runtime/podinit.py, KubeRay's generated command split into a list); Ray, vLLM and torch
+start their own workers. The operator, the API and the command line start none. Read from the source, so a new call
+site is held to it too.
 """
 
 import ast
@@ -39,7 +40,7 @@ def process_starts() -> dict[str, list[ast.Call]]:
 
 def test_processes_are_started_from_argument_lists_without_a_shell():
     starts = process_starts()
-    assert sorted(starts) == ["runtime/rewards/isolated.py", "runtime/sandbox/__init__.py"]
+    assert sorted(starts) == ["runtime/podinit.py", "runtime/rewards/isolated.py", "runtime/sandbox/__init__.py"]
     for where, found in starts.items():
         for call in found:
             assert isinstance(call.func, ast.Attribute) and call.func.attr == "Popen", where

@@ -7,10 +7,12 @@ runtimes never write to the job's folder at once. The stand-in records when each
 
 import json
 import re
+import time
 import urllib.error
 
 import pytest
 
+from kuberl.api import contract
 from kuberl.operator import names
 from tests.integration.envtest import wait_until
 from tests.integration.kuberay_standin import alive
@@ -39,7 +41,8 @@ def pods_stop_within(loop: Loop, name: str) -> float:
     """How long the job's stopped RayJob may take to go: its pods' terminationGracePeriodSeconds (the stop window the
     driver saves in, plus api/contract.py's margin), and a minute for the rest. A pod may use all of it: Ray drains
     a node that gets SIGTERM until its workers are gone (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, the stop window).
-    Seen once here: an actor pod still draining 120 s after the suspend, its head pod gone (2026-11-29)."""
+    Seen once here: an actor pod still draining 120 s after the suspend, its head pod gone (2026-11-29; the cause,
+    a drain the ended GCS never answers, is why worker pods now run runtime/podinit.py: the last test below)."""
     (rayjob,) = loop.rayjobs(name).values()
     spec = rayjob["spec"]["rayClusterSpec"]
     templates = [spec["headGroupSpec"]["template"], *(group["template"] for group in spec["workerGroupSpecs"])]
@@ -131,3 +134,45 @@ def test_a_spec_change_mid_run_continues_from_the_checkpoint_without_two_runtime
         for t in [*old, *new]
     )
     assert max(t.stopped or float("inf") for t in old) < min(t.started for t in new), timeline
+
+
+def test_a_worker_pod_stopped_after_its_head_is_gone_ends_at_once_not_after_the_stop_window(loop: Loop):
+    """A RayCluster's deletion (a suspend, a spec change, the RLJob deleted) stops every pod at once, and a head that
+    ends first takes the GCS with it: Ray's `ray start` then spends the whole stop window (120 s here) asking the
+    GCS to drain the node, with no answer to come (measured with two plain `ray start` nodes: 60.6 s for a 60 s
+    window). Worker pods run it under runtime/podinit.py, which ends them once the GCS has stopped answering."""
+    name = loop.create(
+        short(
+            "tiny-grpo-cluster.yaml",
+            "tiny-grpo-headless",
+            **{"spec.training.totalSteps": ENDLESS, "spec.runPolicy.maxRestarts": 0, **ONE_ACTOR_POD},
+        )
+    )
+    pods = wait_until(
+        lambda: (
+            len(pods := loop.standin.pods(loop.namespace, f"{name}-0")) == 2
+            and all(pod.ready() for pod in pods)
+            and pods
+        ),
+        timeout=300,
+        what="the head and the actor pod up",
+    )
+    (head,) = [pod for pod in pods if pod.group == "head"]
+    (worker,) = [pod for pod in pods if pod.group == "actor"]
+    (rayjob,) = loop.rayjobs(name).values()
+    (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    (ray_container, *_) = group["template"]["spec"]["containers"]
+    window = int(next(e["value"] for e in ray_container["env"] if e["name"] == contract.RAY_DRAIN_WINDOW_ENV))
+    stopped_within = pods_stop_within(loop, name)
+
+    loop.standin.kill_pod(head)  # its node is gone, the GCS with it
+    loop.standin.stop_pod(worker)  # then the kubelet stops the worker pod
+    asked = time.monotonic()
+    wait_until(lambda: not worker.running(), timeout=window, what="the worker pod ended")
+    took = time.monotonic() - asked
+    # podinit gives up on the GCS after GCS_GONE_CHECKS failed checks, a second apart; the rest is a busy machine
+    assert took < window / 4, f"the worker pod took {took:.0f} s of its {window} s stop window"
+    assert "ending the node's processes now" in worker.log.read_text(errors="replace")
+
+    loop.cp.request("DELETE", names.rljob_path(loop.namespace, name))
+    wait_until(lambda: not loop.rayjobs(name), timeout=stopped_within, what="the RayJob gone")

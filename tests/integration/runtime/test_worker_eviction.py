@@ -5,8 +5,9 @@ Two ways a trainer rank's pod goes, on a real two-node Ray on this machine, each
 its own as KubeRay runs them: a head offering the head's resource, and an "actor pod" offering `kuberl_actor`,
 so the demo's one actor rank lands there. `kuberl run --address` runs the demo against it in a process of its
 own, as KubeRay's entrypoint does.
-- Evicted: SIGTERM to the actor pod's `ray start` (what the kubelet sends a pod's first process). Ray drains the
-  node for RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (the operator sets it to the stop window) and then kills its
+- Evicted: SIGTERM to the actor pod's first process (what the kubelet sends), runtime/podinit.py around `ray
+  start` as in the operator's worker pods, which passes it on while the head lives. Ray drains the node for
+  RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (the operator sets it to the stop window) and then kills its
   processes; the driver notices the drain after the step under way, saves that step and exits 75. Before, it
   trained on until the node went, then failed (70) with nothing of those steps saved.
 - Lost: the rank's process killed outright (an OOM kill, a node gone). Its shard of the step dies with it, so
@@ -15,6 +16,7 @@ own, as KubeRay's entrypoint does.
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,6 +33,7 @@ import yaml
 
 from kuberl.api.contract import ExitCode, ray_resource
 from kuberl.api.topology import HEAD_POOL
+from kuberl.runtime import podinit
 from tests.integration.runtime.autoscaling_cluster import free_port, listening, stop_process_tree, wait_for
 from tests.integration.runtime.jobs import DEMO, apply_changes
 
@@ -47,11 +50,17 @@ DRAIN_WINDOW_S = 90
 
 
 class RayNode:
-    """One `ray start --block` (a pod's first process), started and stopped by this test and nothing else."""
+    """One `ray start --block` (a pod's first process), started and stopped by this test and nothing else. With
+    `podinit`, as a worker pod runs it (operator/builders.py): runtime/podinit.py first, with the command in
+    KUBERAY_GEN_RAY_START_CMD as KubeRay hands it over and the head's address in RAY_ADDRESS."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str], *, podinit_of: str | None = None) -> None:
+        command = [RAY, "start", "--block", "--disable-usage-stats", *args]
+        if podinit_of is not None:
+            env = {**env, podinit.RAY_START_COMMAND_ENV: shlex.join(command), podinit.GCS_ADDRESS_ENV: podinit_of}
+            command = [sys.executable, "-m", "kuberl.runtime.podinit"]
         self.process = subprocess.Popen(
-            [RAY, "start", "--block", "--disable-usage-stats", *args],
+            command,
             env=env,
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
@@ -92,11 +101,12 @@ def head() -> Iterator[str]:
 
 
 def actor_pod(head: str, log: Path) -> RayNode:
-    """A pod of the actor's worker group: one rank's worth of `kuberl_actor`."""
+    """A pod of the actor's worker group: one rank's worth of `kuberl_actor`, its Ray under podinit."""
     return RayNode(
         [f"--address={head}", "--num-cpus=1", f"--resources={json.dumps({ray_resource('actor'): 1})}"],
         log,
         {**ENV, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(DRAIN_WINDOW_S)},
+        podinit_of=head,
     )
 
 

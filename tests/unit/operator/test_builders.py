@@ -249,7 +249,7 @@ def test_a_pod_template_override_merges_containers_by_name_and_adds_the_rest():
     }
     actor = groups(rayjob_for({"resources": {"actor": {"podTemplate": override}}}))["actor"]
     template = actor["template"]
-    assert template["metadata"]["annotations"] == {"team": "rl"}
+    assert template["metadata"]["annotations"] == {"team": "rl", contract.KUBERAY_OWN_COMMAND_ANNOTATION: "true"}
     assert template["metadata"]["labels"][names.JOB_LABEL] == "tiny-grpo"
     assert template["spec"]["priorityClassName"] == "high"
     assert [c["name"] for c in template["spec"]["containers"]] == ["ray-worker", "sidecar"]
@@ -257,6 +257,31 @@ def test_a_pod_template_override_merges_containers_by_name_and_adds_the_rest():
     assert {"name": "NCCL_DEBUG", "value": "INFO"} in worker["env"]
     assert {"name": "KUBERL_ROLE", "value": "actor"} in worker["env"]
     assert worker["image"] == "default/image:1"
+
+
+def test_worker_pods_run_ray_start_under_podinit_and_the_head_runs_kuberays_own():
+    rayjob = rayjob_for({"resources": {"actor": {"replicas": 2}}})
+    for name, group in groups(rayjob).items():
+        template = group["template"]
+        (container, *_) = template["spec"]["containers"]
+        assert (container["command"], container["args"]) == (
+            list(contract.WORKER_POD_COMMAND),
+            list(contract.WORKER_POD_ARGS),
+        ), name
+        # KubeRay keeps a container's own command only under its annotation, and then hands `ray start` over in env
+        assert template["metadata"]["annotations"][contract.KUBERAY_OWN_COMMAND_ANNOTATION] == "true", name
+    assert "python -m kuberl.runtime.podinit" in contract.WORKER_POD_ARGS[0]
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    assert "command" not in head["spec"]["containers"][0]
+    assert contract.KUBERAY_OWN_COMMAND_ANNOTATION not in (head["metadata"].get("annotations") or {})
+
+
+def test_a_pod_template_giving_the_ray_container_a_command_keeps_kuberays_handling_of_it():
+    setup = {"spec": {"containers": [{"name": "ray-worker", "command": ["bash", "-c"], "args": ["nvidia-smi"]}]}}
+    actor = groups(rayjob_for({"resources": {"actor": {"podTemplate": setup}}}))["actor"]
+    (container,) = actor["template"]["spec"]["containers"]
+    assert (container["command"], container["args"]) == (["bash", "-c"], ["nvidia-smi"])
+    assert contract.KUBERAY_OWN_COMMAND_ANNOTATION not in (actor["template"]["metadata"].get("annotations") or {})
 
 
 def test_the_head_takes_its_own_volume_node_and_tolerations_and_keeps_what_kuberl_needs():
