@@ -69,7 +69,7 @@ def one_stop(under_podinit: bool, window: int, folder: Path) -> float:
     worker = None
     try:
         deadline = time.monotonic() + 120
-        while not podinit.gcs_reachable(f"127.0.0.1:{port}"):
+        while not podinit.gcs_reachable(("127.0.0.1", port)):
             assert time.monotonic() < deadline and head.poll() is None, "the head did not start"
             time.sleep(0.2)
         log = folder / f"worker-{under_podinit}.log"

@@ -15,11 +15,13 @@ The pod holds its node (its GPUs) all that time, and the job's next RayJob waits
 So the operator runs this instead of `ray start` in worker pods (KubeRay's `ray.io/overwrite-container-cmd`): it
 runs KubeRay's command as KubeRay would (its open-files limit, then the command, split as bash would split it:
 KubeRay builds it from the operator's rayStartParams, which hold constants and a JSON resource, no `$` to expand),
-passes SIGTERM on, and from then on checks once a second whether the head's GCS (RAY_ADDRESS, which KubeRay sets
-in every Ray container) still takes connections. KubeRay's head Service publishes a head that is stopping, so the
-check holds while the head drains. Once it has failed GCS_GONE_CHECKS times in a row there is no driver left to save
-anything and no GCS to drain with: it kills the node's processes and exits. Until the pod is asked to stop it only
-waits: a head lost mid-run is Ray's to notice, as without it. Standard library only: it starts before anything else.
+passes SIGTERM on, and from then on checks once a second whether the head's GCS still takes connections: at the
+address RAY_ADDRESS (which KubeRay sets in every Ray container; a worker's names the head's Service) resolved to
+while the pod ran, looked up again every RESOLVE_SECONDS until then, so a name server or a Service that stops
+listing a stopping head cannot make a live head look gone (KubeRay's headless head Service publishes a stopping
+head anyway). Once the check has failed GCS_GONE_CHECKS times in a row there is no driver left to save anything
+and no GCS to drain with: it kills the node's processes and exits. Until the pod is asked to stop it only waits: a
+head lost mid-run is Ray's to notice, as without it. Standard library only: it starts before anything else.
 """
 
 import logging
@@ -49,16 +51,50 @@ GCS_GONE_CHECKS = 3
 CHECK_SECONDS = 1.0
 #: How long one check may wait for a connection.
 CONNECT_TIMEOUT_SECONDS = 1.0
+#: How often the head's address is looked up while the pod runs (the last answer is the one checked after SIGTERM).
+RESOLVE_SECONDS = 10.0
+
+Endpoint = tuple[str, int]
 
 
-def gcs_reachable(address: str) -> bool:
-    """Whether the GCS at host:port takes a TCP connection now (a name that no longer resolves: it does not)."""
+def resolved(address: str) -> Endpoint | None:
+    """The IP and port that host:port names now; None when it does not resolve (or is not host:port)."""
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_SECONDS):
-            return True
+        found = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
     except (OSError, ValueError):
+        return None
+    ip, number = found[0][4][:2]
+    return str(ip), int(number)
+
+
+def gcs_reachable(endpoint: Endpoint) -> bool:
+    """Whether the GCS at `endpoint` takes a TCP connection now."""
+    try:
+        with socket.create_connection(endpoint, timeout=CONNECT_TIMEOUT_SECONDS):
+            return True
+    except OSError:
         return False
+
+
+class Head:
+    """Where the head's GCS is: looked up while the pod runs (`follow`), checked once it stops (`reachable`)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.endpoint = resolved(address)
+        self.looked_up = time.monotonic()
+
+    def follow(self) -> None:
+        """Look the address up again when RESOLVE_SECONDS have passed; an answer replaces the last one."""
+        if time.monotonic() - self.looked_up >= RESOLVE_SECONDS:
+            self.endpoint = resolved(self.address) or self.endpoint
+            self.looked_up = time.monotonic()
+
+    def reachable(self) -> bool:
+        """Whether the GCS takes a connection at the last address it was found at (never found: the name now)."""
+        endpoint = self.endpoint or resolved(self.address)
+        return endpoint is not None and gcs_reachable(endpoint)
 
 
 def descendants(pid: int) -> list[int]:
@@ -114,12 +150,16 @@ def run(command: str, gcs_address: str | None) -> int:
 
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
+    head = Head(gcs_address) if gcs_address else None
     failed = 0
     while child.poll() is None:
         time.sleep(CHECK_SECONDS)
-        if not stopping or gcs_address is None or child.poll() is not None:
+        if head is None or child.poll() is not None:
             continue
-        failed = 0 if gcs_reachable(gcs_address) else failed + 1
+        if not stopping:
+            head.follow()
+            continue
+        failed = 0 if head.reachable() else failed + 1
         if failed >= GCS_GONE_CHECKS:
             waited = time.monotonic() - stopping[0]
             log.warning(

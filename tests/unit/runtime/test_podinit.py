@@ -137,9 +137,28 @@ def test_without_kuberays_command_it_says_what_is_missing():
     assert f"{podinit.RAY_START_COMMAND_ENV} is not set" in result.stderr
 
 
-def test_the_gcs_counts_as_gone_when_its_name_no_longer_resolves_or_nothing_listens(gcs):
-    assert podinit.gcs_reachable(f"127.0.0.1:{gcs.getsockname()[1]}")
-    assert not podinit.gcs_reachable("no-such-head.invalid:6379")
+def test_the_gcs_is_checked_where_it_was_found_while_the_pod_ran_and_counts_as_gone_when_nothing_listens(
+    gcs, monkeypatch
+):
     port = gcs.getsockname()[1]
-    gcs.close()
-    assert not podinit.gcs_reachable(f"127.0.0.1:{port}")
+    answers = {"head-svc": "127.0.0.1"}  # a FAKE name server (this machine's cannot be told to drop a name)
+
+    real_getaddrinfo = socket.getaddrinfo
+
+    def getaddrinfo(host, number, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - getaddrinfo's shape
+        if host == "127.0.0.1":  # an address: no name server asked
+            return real_getaddrinfo(host, number, *args, **kwargs)
+        if host not in answers:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], number))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    head = podinit.Head(f"head-svc:{port}")
+    assert head.endpoint == ("127.0.0.1", port) and head.reachable()
+    del answers["head-svc"]  # the Service stops listing the head while it still runs: it still counts as there
+    monkeypatch.setattr(podinit, "RESOLVE_SECONDS", 0.0)
+    head.follow()
+    assert head.endpoint == ("127.0.0.1", port) and head.reachable()
+    gcs.close()  # the head's GCS ended
+    assert not head.reachable()
+    assert not podinit.Head(f"never-listed:{port}").reachable()
