@@ -212,15 +212,6 @@ def parse_quantity(text: str | int | float) -> float:
     return float(value)
 
 
-def unquoted(value: Any) -> str:
-    """A rayStartParams value as `ray start` gets it once the shell has read KubeRay's command line:
-    `'"{\\"kuberl_actor\\": 1}"'` -> `{"kuberl_actor": 1}`."""
-    text = str(value)
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        return str(json.loads(text))
-    return text
-
-
 def kuberay_ray_start_command(params: dict[str, str], head: bool) -> str:
     """`ray start ...` as KubeRay writes it into KUBERAY_GEN_RAY_START_CMD (common/pod.go `generateRayStartCommand`
     and `convertParamMap`): the flags sorted, `--block` added, a "true" value a bare switch (but for the flags that
@@ -911,14 +902,13 @@ class KubeRayStandIn:
         ports = {int(port["containerPort"]): pod_port() for port in container.get("ports") or []}
         env = self._environment(cluster, container, ports)
         mounts = self._mounts(cluster.namespace, pod_spec, container, folder)
-        params = self._ray_start_params(cluster, group_spec, container, head)
-        env[KUBERAY_RAY_START_ENV] = kuberay_ray_start_command(params, head)
+        ray_start = kuberay_ray_start_command(self._ray_start_params(cluster, group_spec, container, head), head)
+        env[KUBERAY_RAY_START_ENV] = ray_start
         own_command = (template.get("metadata") or {}).get("annotations", {}).get(OWN_COMMAND_ANNOTATION, "")
         if own_command.lower() == "true":
             argv = [*(container.get("command") or []), *(container.get("args") or [])]
-        else:
-            flags = [f"--{key}={unquoted(value)}" for key, value in params.items()]
-            argv = [str(VENV_BIN / "ray"), "start", *(["--head"] if head else []), "--block", *flags]
+        else:  # KubeRay's own: its command, split as the shell it hands it to splits it (`ray` from the image's PATH)
+            argv = shlex.split(ray_start)
         if not head and group in self.fail_first_start and name not in self._failed_on_purpose:
             self._failed_on_purpose.add(name)
             argv = ["bash", "-c", FAIL_AFTER_REGISTERING, "fail-after-registering", *argv]
