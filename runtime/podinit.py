@@ -140,7 +140,7 @@ def raise_open_files_limit(wanted: int) -> None:
 
 def run(command: str, gcs_address: str | None) -> int:
     """Run `command` and wait for it; after SIGTERM, end it once the GCS is gone. Its exit code."""
-    child = subprocess.Popen([*shlex.split(command)])
+    child = subprocess.Popen(shlex.split(command))
     stopping: list[float] = []
 
     def pass_on(signum: int, _frame: FrameType | None) -> None:
