@@ -74,7 +74,9 @@ def main() -> int:
 
     from kuberl.runtime.pools.launch import shared_ray_resources
 
-    ray.init(num_cpus=4, resources=shared_ray_resources(), include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=4, resources=shared_ray_resources(), include_dashboard=False, log_to_driver=False
+    )
     address = ray.get_runtime_context().gcs_address
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:

@@ -64,6 +64,7 @@ def main() -> int:
     from kuberl.runtime.pools.launch import shared_ray_resources
 
     ray.init(
+        address="local",  # its own Ray, not one a `ray start` on this machine recorded
         num_cpus=4,
         resources=shared_ray_resources(),
         include_dashboard=False,

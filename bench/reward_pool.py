@@ -82,6 +82,7 @@ def main() -> int:
     module_dir = Path(tempfile.mkdtemp(prefix="kuberl-bench-"))
     (module_dir / f"{REWARD_MODULE}.py").write_text(REWARD_SOURCE.format(seconds=args.seconds_per_sample))
     ray.init(
+        address="local",  # its own Ray, not one a `ray start` on this machine recorded
         num_cpus=max(2, int(args.cpus * args.max + 1.999)),
         resources=shared_ray_resources(),
         include_dashboard=False,

@@ -51,7 +51,9 @@ def main() -> int:
         return groups
 
     driver.start_groups = timed_start_groups
-    ray.init(num_cpus=4, resources=shared_ray_resources(), include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=4, resources=shared_ray_resources(), include_dashboard=False, log_to_driver=False
+    )
     job = demo_job(**{"training.totalSteps": args.steps, "rollout.engine": "hf"})
     times: dict[str, list[float]] = {"new": [], "warm": []}
     setups: dict[str, list[float]] = {"new": [], "warm": []}

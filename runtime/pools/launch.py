@@ -95,8 +95,13 @@ def shared_ray_resources(units: int = 64) -> dict[str, float]:
 
 
 def start_ray(address: str | None, topology: Topology) -> bool:
-    """Join a cluster, or start a local Ray offering what the topology's pools offer; True when this call
-    started it (and must stop it)."""
+    """Join a cluster (`address`, or RAY_ADDRESS), or start a local Ray offering what the topology's pools offer;
+    True when this call started it (and must stop it).
+
+    Without an address, Ray's own `ray.init()` would join the cluster a `ray start` on this machine last recorded
+    (`ray_current_cluster` in Ray's temp folder, python/ray/_private/services.py
+    `get_ray_address_from_environment`), and fail there, as a job that names CPUs and resources may not join: so
+    the local Ray is asked for by name."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
         warn_of_missing_resources(topology)
@@ -107,6 +112,7 @@ def start_ray(address: str | None, topology: Topology) -> bool:
         return False
     use_a_token_of_its_own()
     ray.init(
+        address="local",  # its own, even where a `ray start` on this machine left its address in Ray's temp folder
         num_cpus=max(os.cpu_count() or 1, math.ceil(topology.local_cpus())),
         resources=topology.local_resources(),
         include_dashboard=False,

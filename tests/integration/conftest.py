@@ -27,6 +27,7 @@ def ray_session():
     from kuberl.runtime.pools.launch import shared_ray_resources
 
     ray.init(
+        address="local",  # this session's own, not one a `ray start` on this machine recorded (or another session's)
         num_cpus=4,
         resources=shared_ray_resources(),
         include_dashboard=False,

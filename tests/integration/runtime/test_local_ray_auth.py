@@ -8,13 +8,19 @@ RAY_AUTH_MODE=disabled and anyone who could reach the machine could join its Ray
 The run's Ray is started by `start_ray` itself, in a child process (this session's own Ray is already up in
 the pytest process), from an environment that says RAY_AUTH_MODE=disabled, as this test session's does.
 Clients are real drivers in processes of their own, joining by the GCS address the run's Ray listens on.
+
+The run starts its Ray where a `ray start` recorded another cluster's address in Ray's temp folder (the file a
+plain `ray.init()` joins): before, the run joined it and failed ("When connecting to an existing cluster,
+num_cpus and num_gpus must not be provided"), on any machine where someone ran `ray start`.
 """
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -79,8 +85,21 @@ def join(gcs: str, *envs: dict[str, str]) -> list[subprocess.CompletedProcess[st
     return done
 
 
-def test_a_local_run_s_ray_refuses_a_driver_without_its_token(tmp_path: Path) -> None:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(tmp_path)}
+def test_a_local_run_s_ray_is_its_own_and_refuses_a_driver_without_its_token(tmp_path: Path, ray_session) -> None:
+    # A `ray start` on this machine records its cluster's address in Ray's temp folder (ray_current_cluster),
+    # where a plain `ray.init()` would find it and join: here it names the session's live Ray. The run must
+    # start its own all the same. A short folder: Ray's sockets go under it, and a socket path holds 107 bytes.
+    ray_temp = Path(tempfile.mkdtemp(prefix="kuberl-raytmp-", dir="/tmp"))
+    (ray_temp / "ray").mkdir()
+    other = ray_session.get_runtime_context().gcs_address
+    (ray_temp / "ray" / "ray_current_cluster").write_text(other)
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HOME": str(tmp_path),
+        "RAY_TMPDIR": str(ray_temp),
+    }
     run = subprocess.Popen(
         [sys.executable, "-c", RUN, str(DEMO)],
         env=env,
@@ -93,6 +112,7 @@ def test_a_local_run_s_ray_refuses_a_driver_without_its_token(tmp_path: Path) ->
         assert run.stdout is not None and run.stdin is not None
         started = json.loads(run.stdout.readline())
         gcs, token = started["gcs"], started["token"]
+        assert gcs != other, "the run joined the Ray that `ray start` recorded instead of starting its own"
 
         assert token is not None and len(token) == 64  # 32 random bytes, hex
         anonymous, guessed, holder = join(
@@ -112,3 +132,4 @@ def test_a_local_run_s_ray_refuses_a_driver_without_its_token(tmp_path: Path) ->
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
+        shutil.rmtree(ray_temp, ignore_errors=True)
