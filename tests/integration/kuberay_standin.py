@@ -81,6 +81,7 @@ from typing import Any
 
 import yaml
 
+from kuberl.runtime.podinit import descendants
 from tests.integration.envtest import ControlPlane, rfc3339
 
 log = logging.getLogger(__name__)
@@ -225,28 +226,6 @@ def kuberay_ray_start_command(params: dict[str, str], head: bool) -> str:
     return " ".join(["ray", "start", *(["--head"] if head else []), *flags])
 
 
-def descendants(pid: int) -> set[int]:
-    """`pid` and every process below it (read from /proc; a PID namespace's processes are seen from here too)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-        parents.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        current = todo.pop()
-        if current in found:
-            continue
-        found.add(current)
-        todo.extend(parents.get(current, []))
-    return found
-
-
 def alive(pids: set[int]) -> set[int]:
     """The processes of `pids` that still exist and are not zombies."""
     living = set()
@@ -364,7 +343,7 @@ class Pod:
         return f"{ended}, SIGTERM {now - self.terminating_since:.1f} s ago (grace {self.grace_seconds:.0f} s)"
 
     def processes(self) -> set[int]:
-        return alive(descendants(self.process.pid)) if self.running() else set()
+        return alive({self.process.pid, *descendants(self.process.pid)}) if self.running() else set()
 
     def terminate(self) -> None:
         """What the kubelet does when a pod is deleted: SIGTERM now, SIGKILL after the grace period."""
