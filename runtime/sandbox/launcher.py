@@ -4,7 +4,7 @@ Started by `kuberl.runtime.sandbox.run_python` in a session of its own, with the
 and stderr already pointing at files the caller reads afterwards. It knows nothing about RL.
 
     launcher (L)      the caller's uid and namespaces; writes the jail's uid/gid maps, keeps the
-                      wall clock (SIGKILL to the jail at the deadline), writes status.json
+                      wall clock (SIGKILL to the jail at the deadline), waits for init, writes status.json
       jail (C)        joins the call's memory cgroup (when the caller made one) and asks to be the
                       OOM killer's first pick; unshare(user, mount, network, pid, ipc, uts); once
                       mapped, builds a root of its own on a tmpfs: the Python installation and /usr
@@ -24,8 +24,11 @@ Uid 0 inside the user namespace is, outside it, an unprivileged uid: a fresh one
 picked when the caller is root (so RLIMIT_NPROC binds: it never binds uid 0), the caller's own
 uid otherwise (a Kubernetes pod that runs as non-root). The network namespace has only a
 loopback device, down: no packet leaves. Each of C and I dies with its parent (PDEATHSIG), so
-killing the launcher's process group ends everything. A failure to set the jail up is reported
-in status.json as `{"error": ...}`, never as the code's own failure.
+killing the launcher's process group ends everything. The launcher adopts I when C dies first (it is a
+child subreaper) and exits only once I is reaped: a pid namespace's init ends after every process in it,
+so when the launcher exits nothing of the code is left, and the caller can remove its memory cgroup.
+A failure to set the jail up is reported in status.json as `{"error": ...}`, never as the code's own
+failure.
 """
 
 import ctypes
@@ -49,7 +52,7 @@ JAIL_NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CL
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 32, 1024, 2048, 4096, 16384
 MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 #: capset(2) has no glibc wrapper.
 SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -350,6 +353,9 @@ def main() -> None:
     mapped_r, mapped_w = os.pipe()
     status_r, status_w = os.pipe()
     started = time.monotonic()
+    # init is adopted here, not by the machine's init, when the jail dies first (killed at the deadline), so
+    # that `reap_all` can wait for it: init's end is the end of every process of its namespace
+    check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(CHILD_SUBREAPER)")
     jail = os.fork()
     if jail == 0:
         for fd in (ready_r, mapped_w, status_r):
@@ -366,6 +372,7 @@ def main() -> None:
             report = {"error": f"cannot map the jail's user ids: {error}"}
     os.close(mapped_w)
     stopped_by_clock = wait_with_deadline(jail, started + config["limits"]["wall_seconds"] - time.monotonic())
+    reap_all()
     written = b""
     while chunk := os.read(status_r, 4096):
         written += chunk
@@ -376,6 +383,34 @@ def main() -> None:
     report["seconds"] = time.monotonic() - started
     with open(config["status_path"], "w", encoding="utf-8") as handle:
         json.dump(report, handle)
+
+
+def reap_all() -> None:
+    """Kills the children left (init, orphaned when the jail was killed at the deadline) and waits for them.
+
+    Without this the launcher would return while the kernel is still ending the namespace's processes: the
+    caller would find them alive, and their memory cgroup busy (rmdir: EBUSY). A pid namespace's init ends
+    only after every other process in it has (the kernel's zap_pid_ns_processes), so once init is reaped
+    here nothing of the code is left."""
+    me = str(os.getpid())
+    for stat_file in os.listdir("/proc"):
+        if not stat_file.isdigit():
+            continue
+        try:
+            with open(f"/proc/{stat_file}/stat", encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        if text[text.rindex(")") + 2 :].split()[1] == me:  # after "pid (comm) ": state, ppid
+            try:
+                os.kill(int(stat_file), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
 
 
 def wait_with_deadline(pid: int, seconds: float) -> bool:

@@ -67,6 +67,25 @@ def test_code_that_sleeps_forever_is_stopped_by_the_wall_clock() -> None:
     assert sandbox_processes() == []
 
 
+def test_a_run_stopped_by_the_clock_returns_once_every_process_of_it_has_ended() -> None:
+    # processes whose memory takes the kernel a while to free: before, the launcher returned once its own child
+    # was reaped, while the kernel was still ending the rest, and run_python failed to remove the run's memory
+    # cgroup (OSError EBUSY: this test failed 3 runs of 3)
+    code = (
+        "import os, time\n"
+        "memory = bytearray(256 << 20)\n"
+        "for _ in range(5):\n"
+        "    if os.fork() == 0:\n"
+        "        memory[::4096] = b'x' * len(range(0, len(memory), 4096))  # pages of its own\n"
+        "        time.sleep(3600)\n"
+        "memory[::4096] = b'y' * len(range(0, len(memory), 4096))\n"
+        "time.sleep(3600)\n"
+    )
+    outcome = run_python(code, Limits(wall_seconds=3, memory_bytes=2 << 30, processes=8))
+    assert outcome.stopped_by == "wall_time", outcome.stderr
+    assert sandbox_processes() == []
+
+
 def test_a_fork_bomb_meets_the_process_limit_and_leaves_nothing_behind() -> None:
     bomb = (
         "import os, time\n"
