@@ -58,24 +58,31 @@ def mapped_by_a_process(segment: str) -> bool:
 
 
 def leaked_segments(before: set[str], wait_s: float = 10.0) -> set[str]:
-    """Segments made since `before` that outlived every process that mapped them. A segment still mapped
-    may be on its way out with its process (a killed actor's), so it is watched for `wait_s`."""
+    """Segments made since `before` that outlived every process that mapped them. The segments are watched
+    until all are gone, or for `wait_s`: one still mapped may be on its way out with its process (a killed
+    actor's), and another process on the machine (this machine is shared) may have one whose owner has just
+    ended and whose resource tracker is about to remove it."""
     deadline = time.monotonic() + wait_s
-    while True:
-        made = shared_memory_segments() - before
-        leaked = {segment for segment in made if not mapped_by_a_process(segment)}
-        if leaked or not made or time.monotonic() > deadline:
-            return leaked
+    while (made := shared_memory_segments() - before) and time.monotonic() < deadline:
         time.sleep(0.2)
+    return {segment for segment in made if not mapped_by_a_process(segment)}
 
 
 def temporary_entries() -> set[Path]:
     return set(socket_folder().parent.iterdir())
 
 
-def socket_leftovers(before: set[Path]) -> set[Path]:
+def socket_leftovers(before: set[Path], wait_s: float = 10.0) -> set[Path]:
     """What engines left in the temporary folder since `before` (its entries then): socket files nobody listens on
-    (vLLM's default place for its IPC sockets), and socket folders of processes that are gone."""
+    (vLLM's default place for its IPC sockets), and socket folders of processes that are gone. Watched for up to
+    `wait_s` while any is left, as the segments are (`leaked_segments`)."""
+    deadline = time.monotonic() + wait_s
+    while (left := stale_entries(before)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def stale_entries(before: set[Path]) -> set[Path]:
     made = temporary_entries() - before
     stale_sockets = {path for path in made if path.is_socket() and not is_listening(path)}
     abandoned = {path for path in made if path.name.startswith("kuberl-vllm-")}
