@@ -72,11 +72,9 @@ def main() -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    from kuberl.runtime.pools.launch import shared_ray_resources
+    from kuberl.runtime.pools.launch import start_shared_ray
 
-    ray.init(
-        address="local", num_cpus=4, resources=shared_ray_resources(), include_dashboard=False, log_to_driver=False
-    )
+    start_shared_ray()
     address = ray.get_runtime_context().gcs_address
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:

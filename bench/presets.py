@@ -61,16 +61,9 @@ def main() -> int:
 
     from kuberl.api import parse_rljob
     from kuberl.runtime.driver import run_job
-    from kuberl.runtime.pools.launch import shared_ray_resources
+    from kuberl.runtime.pools.launch import start_shared_ray
 
-    ray.init(
-        address="local",  # its own Ray, not one a `ray start` on this machine recorded
-        num_cpus=4,
-        resources=shared_ray_resources(),
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    start_shared_ray()
     rows = []
     try:
         for preset in args.presets:

@@ -77,18 +77,12 @@ def main() -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
-    from kuberl.runtime.pools.launch import shared_ray_resources
+    from kuberl.runtime.pools.launch import start_shared_ray
 
     module_dir = Path(tempfile.mkdtemp(prefix="kuberl-bench-"))
     (module_dir / f"{REWARD_MODULE}.py").write_text(REWARD_SOURCE.format(seconds=args.seconds_per_sample))
-    ray.init(
-        address="local",  # its own Ray, not one a `ray start` on this machine recorded
-        num_cpus=max(2, int(args.cpus * args.max + 1.999)),
-        resources=shared_ray_resources(),
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(module_dir)}},
+    start_shared_ray(
+        num_cpus=max(2, int(args.cpus * args.max + 1.999)), runtime_env={"env_vars": {"PYTHONPATH": str(module_dir)}}
     )
     try:
         rows = []

@@ -36,7 +36,7 @@ def main() -> int:
     import ray
 
     import kuberl.runtime.driver as driver
-    from kuberl.runtime.pools.launch import shared_ray_resources
+    from kuberl.runtime.pools.launch import start_shared_ray
     from kuberl.runtime.workers.group import keep_workers_warm
     from tests.integration.runtime.jobs import demo_base_dir, demo_job
 
@@ -51,9 +51,7 @@ def main() -> int:
         return groups
 
     driver.start_groups = timed_start_groups
-    ray.init(
-        address="local", num_cpus=4, resources=shared_ray_resources(), include_dashboard=False, log_to_driver=False
-    )
+    start_shared_ray()
     job = demo_job(**{"training.totalSteps": args.steps, "rollout.engine": "hf"})
     times: dict[str, list[float]] = {"new": [], "warm": []}
     setups: dict[str, list[float]] = {"new": [], "warm": []}

@@ -89,9 +89,20 @@ class Groups:
                 group.stop()  # a colocated engine split over ranks removes its shared memory on the way
 
 
-def shared_ray_resources(units: int = 64) -> dict[str, float]:
-    """`units` of every pool's resource: a Ray that tests and benchmarks share, room for any job they run."""
-    return {ray_resource(pool): float(units) for pool in (HEAD_POOL, *Role)}
+def start_shared_ray(num_cpus: int = 4, **options: Any) -> None:
+    """A local Ray of this process's own that tests and benchmarks share: 64 units of every pool's resource, room
+    for any job they run, and quiet (no dashboard, the workers' output not copied here). `options` go to `ray.init`
+    as well. Local by name, as in `start_ray`: a `ray start` on this machine may have recorded a cluster that a
+    plain `ray.init()` would join."""
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        resources={ray_resource(pool): 64.0 for pool in (HEAD_POOL, *Role)},
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        **options,
+    )
 
 
 def start_ray(address: str | None, topology: Topology) -> bool:

@@ -24,16 +24,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 def ray_session():
     import ray
 
-    from kuberl.runtime.pools.launch import shared_ray_resources
+    from kuberl.runtime.pools.launch import start_shared_ray
 
-    ray.init(
-        address="local",  # this session's own, not one a `ray start` on this machine recorded (or another session's)
-        num_cpus=4,
-        resources=shared_ray_resources(),
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    start_shared_ray()
     from kuberl.runtime.workers.group import keep_workers_warm
 
     with keep_workers_warm():
