@@ -28,8 +28,10 @@ transformers and peft only. Each row times kuberl and its baseline on the same b
 - KL in the loss: the update with k3 KL in the loss against the same without. Aim <= 1.1x.
 - reference log-probs: `FSDPTrainer.logprobs` against a plain no-grad forward. Aim <= 1.1x.
 - update, compiled: the update with training.compile (each decoder layer's forward compiled by inductor) against
-  the same trainer eager, aim <= 1.0x; the first update's time (the compiling) and its MFU in the note. Last of
-  the trainer rows: a run cut short by its time limit loses only it.
+  the same trainer eager, aim <= 1.0x; the first update's time (the compiling) and its MFU in the note. And the
+  padding-free row's main pair with both sides compiled (aim >= 1.4x, as eager): eager, a 0.5B pass waits on the
+  host's kernel launches, and fused layers launch fewer. Last of the trainer rows: a run cut short by its time
+  limit loses only them.
 - token scores: log-probs (and entropies) of one pass's response tokens from bf16 logits, forward and backward, in
   float32 a slice at a time (algorithms/token_scores.py, what the trainer runs) against float32 over the whole
   logits (what it ran before); time and peak memory, no aim.
@@ -233,30 +235,64 @@ def update_rows(case: Case) -> list[Row]:
     return rows
 
 
+def compiled_trainer(case: Case, **options: Any) -> Any:
+    """A trainer with training.compile (each decoder layer's forward compiled, models/layers.py). Under --smoke, on
+    the CPU, the layers' graphs are compiled by AOT autograd and run as they are, not by inductor's C++ for the CPU
+    (half a minute of builds on a cold cache; test_compiled_layers.py holds it; a GPU builds Triton)."""
+    if case.size != SMOKE_MODEL:
+        return case.trainer(compile_layers=True, **options)
+    from kuberl.runtime.models.layers import compile_decoder_layers
+
+    trainer = case.trainer(**options)
+    compile_decoder_layers(trainer.model, backend="aot_eager")
+    return trainer
+
+
+def first_update_seconds(case: Case, trainer: Any, batch: Any, config: Any) -> float:
+    """The time of one update: a compiled trainer's first, which compiles at the batch's shapes."""
+    synchronize(case.device)
+    started = time.perf_counter()
+    updating(trainer, batch, config)()
+    synchronize(case.device)
+    return time.perf_counter() - started
+
+
 def compiled_rows(case: Case) -> list[Row]:
     """training.compile: the update with each decoder layer's forward compiled (models/layers.py) against the same
     trainer eager; the first update's time (the compiling) and both peaks in the note, and the compiled update's
     MFU (aim 40% in #38, beyond plain PyTorch's eager 30%)."""
     batch, config, work = case.batch(), update_config(case.work), case.work
-    eager = case.trainer()
-    if case.size != SMOKE_MODEL:
-        compiled = case.trainer(compile_layers=True)
-    else:  # --smoke, on the CPU: this row's code with AOT autograd's graphs run as they are, not inductor's C++ for
-        # the CPU (half a minute of builds on a cold cache; test_compiled_layers.py holds it; a GPU builds Triton)
-        from kuberl.runtime.models.layers import compile_decoder_layers
-
-        compiled = case.trainer()
-        compile_decoder_layers(compiled.model, backend="aot_eager")
-    synchronize(case.device)
-    started = time.perf_counter()
-    updating(compiled, batch, config)()  # compiles: once with gradients, at this batch's one shape
-    synchronize(case.device)
-    first = time.perf_counter() - started
+    eager, compiled = case.trainer(), compiled_trainer(case)
+    first = first_update_seconds(case, compiled, batch, config)  # once with gradients, at this batch's one shape
     fast, slow = case.alternate(updating(compiled, batch, config), updating(eager, batch, config))
     note = f"first update {first:.0f} s (compiling); peak {gib(fast.peak_bytes)}, eager {gib(slow.peak_bytes)}"
     if case.env.peak is not None:
         note += f"; MFU {100.0 * case.env.update_flops(case.size, work) / fast.seconds / case.env.peak:.1f}%"
     return [judge(Row("update, compiled", case.size, fast.seconds, "s", slow.seconds, "eager s", "<= 1.0x", note=note))]
+
+
+def compiled_packing_rows(case: Case) -> list[Row]:
+    """The padding-free row's main pair with training.compile on both sides. Eager, a 0.5B pass of 4 x 1024 tokens
+    waits on the host's ~3,400 kernel launches (#38's H200 profile), so packing's fewer tokens save GPU time nobody
+    waits for; with each layer's kernels fused the passes are fewer launches, and packing may pay at the same pass
+    size. The first update of each compiles (the packed one at more than one shape); both in the note."""
+    batch, work = case.batch(), case.work
+    padded, packed = compiled_trainer(case), compiled_trainer(case, padding_free=True)
+    budget = work.micro * work.length  # a padded pass's positions
+    rows_config, tokens_config = update_config(work), update_config(work, max_tokens_per_micro_batch=budget)
+    firsts = [first_update_seconds(case, padded, batch, rows_config)]
+    firsts.append(first_update_seconds(case, packed, batch, tokens_config))
+    slow, fast = case.alternate(updating(padded, batch, rows_config), updating(packed, batch, tokens_config))
+    note = (
+        f"both compiled; first updates {firsts[0]:.0f} s padded, {firsts[1]:.0f} s packed (compiling); "
+        f"packed passes of <= {budget} tokens through {packed.model.config._attn_implementation}, padded of "
+        f"{work.micro} rows"
+    )
+    row = Row(
+        "padding-free update, compiled", case.size, slow.seconds, "s padded", fast.seconds, "packed s", ">= 1.4x",
+        note=note,
+    )  # fmt: skip
+    return [judge(row)]
 
 
 def lora_rows(case: Case) -> list[Row]:
@@ -499,5 +535,7 @@ TRAINER_ITEMS = (
     ("token scores", token_score_rows, "update"),
     ("checkpoint save + load", checkpoint_rows, "packing"),
     ("hf engine", hf_engine_rows, "packing"),
-    ("update, compiled", compiled_rows, "update"),  # last: its first update compiles (a minute or so)
+    # last: their first updates compile (a minute or so each); a run cut short by its time limit loses only them
+    ("update, compiled", compiled_rows, "update"),
+    ("padding-free update, compiled", compiled_packing_rows, "packing"),
 )
