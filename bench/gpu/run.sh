@@ -38,13 +38,15 @@ mkdir -p "$scratch/src/kuberl"
 ln -s "$repo"/kuberl/* "$scratch/src/kuberl/"
 for package in api operator runtime; do ln -s "$repo/$package" "$scratch/src/kuberl/$package"; done
 pythonpath="$scratch/src"
-if ! "$python" -c "import pydantic" 2>/dev/null; then
+# -P on every Python started here: run from the repository root, `python -c`/`-m` would put it first on the path,
+# where the folder operator/ hides the standard library's `operator` from Python 3.12 on (the GPU machines' Python)
+if ! "$python" -P -c "import pydantic" 2>/dev/null; then
   wheels="${KUBERL_GPU_WHEELS:-$here/wheels}"
   if ! compgen -G "$wheels/*.whl" >/dev/null; then
     echo "pydantic is not installed and $wheels holds no wheels: run bash bench/gpu/wheels.sh where PyPI is reachable, and bring that folder" >&2
     exit 2
   fi
-  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$scratch/site" "$wheels"/*.whl
+  "$python" -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$scratch/site" "$wheels"/*.whl
   pythonpath="$pythonpath:$scratch/site"
 fi
 export PYTHONPATH="$pythonpath${PYTHONPATH:+:$PYTHONPATH}"
