@@ -57,11 +57,13 @@ class IsolatedRewardFunction:
         mine, theirs = socket.socketpair()
         # The child imports the function from where this process would (Ray adds the driver's folder to
         # sys.path). Appended once it has started, as multiprocessing's spawn does: in PYTHONPATH a folder
-        # could shadow the standard library before it loads (this repository's operator/ would).
+        # could shadow the standard library before it loads (this repository's operator/ would). -P likewise:
+        # `-m` would put the working directory first, and from Python 3.12 on a run started in a checkout of this
+        # repository had every isolated reward's process fail at its first import.
         path = json.dumps([entry for entry in sys.path if entry])
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "kuberl.runtime.rewards.isolated", self.ref, str(theirs.fileno()), path],
+                [sys.executable, "-P", "-m", "kuberl.runtime.rewards.isolated", self.ref, str(theirs.fileno()), path],
                 pass_fds=(theirs.fileno(),),
             )
         finally:
@@ -72,11 +74,16 @@ class IsolatedRewardFunction:
         except (EOFError, OSError):
             ready = False
         if not ready:
-            code = self._child.poll()
+            try:
+                code: int | None = self._child.wait(timeout=5)  # one that closed its end has ended, or is ending
+            except subprocess.TimeoutExpired:
+                code = None
             self._stop()
             raise RuntimeError(
-                f"the process for reward {self.ref} did not start within {START_TIMEOUT_S:g} s"
-                + (f" (it exited with code {code}; its error is in this worker's log)" if code is not None else "")
+                f"the process for reward {self.ref} ended with exit code {code} before it was ready; its error is "
+                "in this worker's log"
+                if code is not None
+                else f"the process for reward {self.ref} did not start within {START_TIMEOUT_S:g} s"
             )
 
     def _stop(self) -> None:

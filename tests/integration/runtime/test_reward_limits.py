@@ -147,3 +147,21 @@ def test_a_worker_group_call_waits_no_longer_than_the_step_has_left(ray_session:
     finally:
         group.kill()
     assert "step 3 did not finish" in str(timed_out.value) and "nap on the actor workers" in str(timed_out.value)
+
+
+def test_a_reward_process_starts_wherever_the_run_was_started(tmp_path, monkeypatch) -> None:
+    """A reward function runs in a process of its own, started as `python -m`. From a checkout of this repository,
+    whose operator/ is named like the standard library's `operator`, that child found the folder first on Python
+    3.12 and later (a `-m` child puts its working directory first on its path) and failed at its first import.
+    Python 3.11, this suite's, imports `operator` before it reads the path, so the folder here is named like a
+    module the child imports only later, `json`: a child that puts its working directory on its path fails alike."""
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text("raise ImportError('the working directory hid the stdlib')\n")
+    monkeypatch.chdir(tmp_path)
+    worker = RewardWorker()
+    worker.setup({"function": f"{REWARDS}:slow_score", "sampleTimeoutSeconds": 10})
+    try:
+        results = within(30, lambda: worker.score(*samples(2)))
+    finally:
+        worker.function.close()
+    assert [(result.score, result.error) for result in results] == [(0.0, None), (1.0, None)]
