@@ -59,8 +59,9 @@ class IsolatedRewardFunction:
         # sys.path). Appended once it has started, as multiprocessing's spawn does: in PYTHONPATH a folder
         # could shadow the standard library before it loads (this repository's operator/ would). -P likewise:
         # `-m` would put the working directory first, and from Python 3.12 on a run started in a checkout of this
-        # repository had every isolated reward's process fail at its first import.
-        path = json.dumps([entry for entry in sys.path if entry])
+        # repository had every isolated reward's process fail at its first import. The working directory is on
+        # this process's path as '' when it was started so: the child gets it by name, appended too.
+        path = json.dumps([entry or os.getcwd() for entry in sys.path])
         try:
             self._child = subprocess.Popen(
                 [sys.executable, "-P", "-m", "kuberl.runtime.rewards.isolated", self.ref, str(theirs.fileno()), path],

@@ -6,6 +6,7 @@ Each call that could hang runs in a thread that must finish in time, so a missin
 instead of hanging it.
 """
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -165,3 +166,20 @@ def test_a_reward_process_starts_wherever_the_run_was_started(tmp_path, monkeypa
     finally:
         worker.function.close()
     assert [(result.score, result.error) for result in results] == [(0.0, None), (1.0, None)]
+
+
+def test_a_reward_module_in_the_working_directory_is_found_by_the_reward_process(tmp_path, monkeypatch) -> None:
+    """A run started as `python -c` (or a notebook) imports from its working directory through '' on its path;
+    the reward's process, which does not put its working directory on its path, gets that folder by name."""
+    (tmp_path / "rewards_beside_the_job.py").write_text("def score(completion, sample):\n    return 7.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend("")
+    monkeypatch.delitem(sys.modules, "rewards_beside_the_job", raising=False)
+    worker = RewardWorker()
+    worker.setup({"function": "rewards_beside_the_job:score", "sampleTimeoutSeconds": 10})
+    try:
+        results = within(30, lambda: worker.score(*samples(1)))
+    finally:
+        worker.function.close()
+        sys.modules.pop("rewards_beside_the_job", None)
+    assert [(result.score, result.error) for result in results] == [(7.0, None)]
