@@ -278,10 +278,11 @@ def compiled_packing_rows(case: Case) -> list[Row]:
     size. The first update of each compiles (the packed one at more than one shape); both in the note."""
     batch, work = case.batch(), case.work
     padded, packed = compiled_trainer(case), compiled_trainer(case, padding_free=True)
-    budget = work.micro * work.length  # a padded pass's positions
-    rows_config, tokens_config = update_config(work), update_config(work, max_tokens_per_micro_batch=budget)
-    firsts = [first_update_seconds(case, padded, batch, rows_config)]
-    firsts.append(first_update_seconds(case, packed, batch, tokens_config))
+    budget, rows_config, tokens_config = main_packing_configs(work)
+    firsts = [
+        first_update_seconds(case, padded, batch, rows_config),
+        first_update_seconds(case, packed, batch, tokens_config),
+    ]
     slow, fast = case.alternate(updating(padded, batch, rows_config), updating(packed, batch, tokens_config))
     note = (
         f"both compiled; first updates {firsts[0]:.0f} s padded, {firsts[1]:.0f} s packed (compiling); "
@@ -308,6 +309,13 @@ def lora_rows(case: Case) -> list[Row]:
     return rows
 
 
+def main_packing_configs(work: Workload) -> tuple[int, Any, Any]:
+    """The padding-free rows' main pair: a padded pass's positions (the budget), the padded update's config (rows per
+    pass) and the packed one's (passes of at most the budget in tokens, the same activation memory per pass)."""
+    budget = work.micro * work.length
+    return budget, update_config(work), update_config(work, max_tokens_per_micro_batch=budget)
+
+
 def packing_rows(case: Case, one_pass: bool = True) -> list[Row]:
     """The padded update against the packed one, three ways: the packed passes holding as many tokens as a padded
     pass has positions (models.actor.maxTokensPerMicroBatch, the main row: the same activation memory per pass,
@@ -322,8 +330,7 @@ def packing_rows(case: Case, one_pass: bool = True) -> list[Row]:
     apart = float((padded.logprobs(fwd, 1.0, work.micro) - packed.logprobs(fwd, 1.0, work.micro))[mask].abs().max())
     attention = packed.model.config._attn_implementation
     real = 100 * float(batch.attention_mask.float().mean())
-    budget = work.micro * work.length  # a padded pass's positions
-    rows_config, tokens_config = update_config(work), update_config(work, max_tokens_per_micro_batch=budget)
+    budget, rows_config, tokens_config = main_packing_configs(work)
     whole = update_config(work, micro_batch_size=work.sequences)
     whole_tokens = update_config(work, max_tokens_per_micro_batch=work.sequences * work.length)
     works = [

@@ -150,6 +150,16 @@ def test_a_worker_group_call_waits_no_longer_than_the_step_has_left(ray_session:
     assert "step 3 did not finish" in str(timed_out.value) and "nap on the actor workers" in str(timed_out.value)
 
 
+def scored_once(function: str, n: int) -> list[Any]:
+    """`n` samples scored by a reward worker of `function` in its own process, which is then closed."""
+    worker = RewardWorker()
+    worker.setup({"function": function, "sampleTimeoutSeconds": 10})
+    try:
+        return list(within(30, lambda: worker.score(*samples(n))))
+    finally:
+        worker.function.close()
+
+
 def test_a_reward_process_starts_wherever_the_run_was_started(tmp_path, monkeypatch) -> None:
     """A reward function runs in a process of its own, started as `python -m`. From a checkout of this repository,
     whose operator/ is named like the standard library's `operator`, that child found the folder first on Python
@@ -159,12 +169,7 @@ def test_a_reward_process_starts_wherever_the_run_was_started(tmp_path, monkeypa
     (tmp_path / "json").mkdir()
     (tmp_path / "json" / "__init__.py").write_text("raise ImportError('the working directory hid the stdlib')\n")
     monkeypatch.chdir(tmp_path)
-    worker = RewardWorker()
-    worker.setup({"function": f"{REWARDS}:slow_score", "sampleTimeoutSeconds": 10})
-    try:
-        results = within(30, lambda: worker.score(*samples(2)))
-    finally:
-        worker.function.close()
+    results = scored_once(f"{REWARDS}:slow_score", 2)
     assert [(result.score, result.error) for result in results] == [(0.0, None), (1.0, None)]
 
 
@@ -175,11 +180,8 @@ def test_a_reward_module_in_the_working_directory_is_found_by_the_reward_process
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend("")
     monkeypatch.delitem(sys.modules, "rewards_beside_the_job", raising=False)
-    worker = RewardWorker()
-    worker.setup({"function": "rewards_beside_the_job:score", "sampleTimeoutSeconds": 10})
     try:
-        results = within(30, lambda: worker.score(*samples(1)))
+        results = scored_once("rewards_beside_the_job:score", 1)
     finally:
-        worker.function.close()
         sys.modules.pop("rewards_beside_the_job", None)
     assert [(result.score, result.error) for result in results] == [(7.0, None)]
